@@ -1,0 +1,1 @@
+"""Benchmarks and the workloads they measure (shared with the tests)."""

@@ -1,0 +1,18 @@
+"""nuvec_mlx: gradient checkpointing for MLX that lowers peak memory, also under compile."""
+
+from . import memory
+from .checkpoint import checkpoint_flat
+from .compile import CompiledFlat, compile_flat, grad_flat, value_and_grad_flat
+from .evaluate import eval
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CompiledFlat",
+    "checkpoint_flat",
+    "compile_flat",
+    "eval",
+    "grad_flat",
+    "memory",
+    "value_and_grad_flat",
+]

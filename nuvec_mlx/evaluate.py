@@ -1,0 +1,73 @@
+"""Evaluation that keeps MLX's in-flight work within a memory budget.
+
+MLX's evaluator dispatches ahead of the device: on CPU about a hundred ops can
+be queued, on CUDA and Metal a whole command buffer, and every queued op keeps
+its buffers alive until it has run. A checkpointed backward pass then holds
+several blocks' recomputed activations at once. The evaluator does wait for
+queued work whenever active memory exceeds MLX's memory limit, so a limit set
+just above the memory the evaluation starts with turns that limit into a
+throttle: the evaluator runs ahead only while memory is low.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from . import memory
+
+# mx.set_memory_limit is process-wide: evaluations that set it take turns.
+_limit_lock = threading.RLock()
+
+
+def eval(arrays: object, *, budget: int | float | None = None) -> None:
+    """Evaluate arrays within a memory budget.
+
+    Args:
+        arrays: an array, or a list, tuple or dict (nested as deep as you like)
+            of arrays.
+        budget: bytes above the currently active memory that the evaluation
+            may use before the evaluator waits for queued work; ``None`` uses
+            the budget in force (:func:`nuvec_mlx.memory.budget`), ``math.inf``
+            evaluates exactly as :func:`mlx.core.eval`.
+
+    The memory limit is restored afterwards, also when evaluation raises.
+
+    Example:
+        >>> nv.eval(step(xs))
+        >>> nv.eval({"loss": loss, "grads": grads}, budget=64 << 20)
+    """
+    leaves = _leaves(arrays)
+    nbytes = memory.current_budget() if budget is None else memory.check_budget(budget, "budget")
+    if nbytes == math.inf:
+        mx.eval(leaves)
+        return
+    with _limit_lock:
+        mx.synchronize()
+        previous = mx.get_memory_limit()
+        # Never loosen a tighter limit the user set.
+        mx.set_memory_limit(min(previous, mx.get_active_memory() + int(nbytes)))
+        try:
+            mx.eval(leaves)
+        finally:
+            mx.set_memory_limit(previous)
+
+
+def _leaves(arrays: object) -> list[mx.array]:
+    if isinstance(arrays, mx.array):
+        return [arrays]
+    if not isinstance(arrays, (list, tuple, dict)):
+        raise TypeError(
+            "arrays must be an mlx.core.array or a list, tuple or dict of them, "
+            f"got {type(arrays).__name__}"
+        )
+    leaves = tree_flatten(arrays)
+    for path, leaf in leaves:
+        if not isinstance(leaf, mx.array):
+            raise TypeError(
+                f"arrays[{path!r}] must be an mlx.core.array, got {type(leaf).__name__}"
+            )
+    return [leaf for _, leaf in leaves]

@@ -1,0 +1,153 @@
+"""Device memory statistics, and the budget that :func:`nuvec_mlx.eval` keeps to.
+
+Every figure is read after :func:`mlx.core.synchronize`, so that work still
+queued on the device (and frees that wait for it, as on CUDA) has finished.
+The counters are MLX's device-neutral ones and mean the same on CPU, CUDA and
+Metal: bytes the allocator handed out (CPU counts requested sizes, Metal
+page-aligned ones, CUDA rounded ones).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import math
+from collections.abc import Iterator
+
+import mlx.core as mx
+
+#: The default evaluation budget in bytes: see :func:`budget`.
+DEFAULT_BUDGET = 1 << 20
+
+_budget: contextvars.ContextVar[float] = contextvars.ContextVar(
+    "nuvec_mlx_budget", default=DEFAULT_BUDGET
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    """A snapshot of the allocator, in bytes.
+
+    Attributes:
+        active: memory held by live arrays.
+        peak: the highest ``active`` since the last :func:`reset_peak`.
+        cache: memory freed by arrays and kept for reuse.
+        limit: MLX's memory limit (:func:`mlx.core.set_memory_limit`).
+    """
+
+    active: int
+    peak: int
+    cache: int
+    limit: int
+
+
+def stats() -> Stats:
+    """Read the allocator's counters once queued work has finished.
+
+    Example:
+        >>> s = nv.memory.stats()
+        >>> s.active <= s.peak
+        True
+    """
+    mx.synchronize()
+    return Stats(
+        active=mx.get_active_memory(),
+        peak=mx.get_peak_memory(),
+        cache=mx.get_cache_memory(),
+        limit=mx.get_memory_limit(),
+    )
+
+
+def reset_peak() -> None:
+    """Reset the peak counter to the active memory, after queued work has finished."""
+    mx.synchronize()
+    mx.reset_peak_memory()
+
+
+@dataclasses.dataclass
+class Measurement:
+    """What :func:`measure` saw, in bytes; filled in when its block exits.
+
+    Attributes:
+        start: active memory at entry.
+        end: active memory at exit.
+        peak: the highest active memory inside the block, above ``start``.
+    """
+
+    start: int = 0
+    end: int = 0
+    peak: int = 0
+
+
+@contextlib.contextmanager
+def measure(clear_cache: bool = True) -> Iterator[Measurement]:
+    """Measure the peak memory of a block, above what was active at entry.
+
+    Args:
+        clear_cache: free MLX's buffer cache at entry (the default), so that
+            the block's allocations are not served from buffers freed earlier.
+
+    Example:
+        >>> with nv.memory.measure() as m:
+        ...     nv.eval(step(xs))
+        >>> m.peak  # bytes
+    """
+    if not isinstance(clear_cache, bool):
+        raise TypeError(f"clear_cache must be a bool, got {type(clear_cache).__name__}")
+    mx.synchronize()
+    if clear_cache:
+        mx.clear_cache()
+    m = Measurement(start=mx.get_active_memory())
+    mx.reset_peak_memory()
+    try:
+        yield m
+    finally:
+        mx.synchronize()
+        m.end = mx.get_active_memory()
+        m.peak = max(0, mx.get_peak_memory() - m.start)
+
+
+def check_budget(nbytes: object, name: str = "nbytes") -> float:
+    """Return ``nbytes`` if it is a valid budget: an int >= 0, or ``math.inf``."""
+    if nbytes == math.inf and isinstance(nbytes, float):
+        return nbytes
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+        raise TypeError(
+            f"{name} must be an int number of bytes or math.inf, "
+            f"got {type(nbytes).__name__} ({nbytes!r})"
+        )
+    if nbytes < 0:
+        raise ValueError(f"{name} must be >= 0 bytes, got {nbytes}")
+    return nbytes
+
+
+@contextlib.contextmanager
+def budget(nbytes: int | float) -> Iterator[None]:
+    """Set the evaluation budget of :func:`nuvec_mlx.eval` inside a block.
+
+    The budget is how many bytes above the memory already active an
+    evaluation may use before MLX's evaluator stops running ahead: beyond it,
+    the evaluator waits for queued work to finish (and free its buffers)
+    before it dispatches more. A small budget gives the lowest peak; a larger
+    one lets more work overlap; ``math.inf`` turns the throttle off, making
+    :func:`nuvec_mlx.eval` the same as :func:`mlx.core.eval`. The setting is
+    per thread and per task (a :mod:`contextvars` variable).
+
+    Args:
+        nbytes: bytes, an int >= 0, or ``math.inf``.
+
+    Example:
+        >>> with nv.memory.budget(64 << 20):
+        ...     nv.eval(step(xs))
+    """
+    token = _budget.set(check_budget(nbytes))
+    try:
+        yield
+    finally:
+        _budget.reset(token)
+
+
+def current_budget() -> float:
+    """The budget in force: the innermost :func:`budget`, else ``DEFAULT_BUDGET``."""
+    return _budget.get()

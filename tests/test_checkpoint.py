@@ -1,0 +1,177 @@
+import mlx.core as mx
+import pytest
+
+import nuvec_mlx as nv
+from tests.conftest import assert_close
+
+
+def mlp(xs):
+    x, w1, w2 = xs
+    h = mx.tanh(x @ w1)
+    return [x + mx.tanh((h * h) @ w2)]
+
+
+def two_outputs(xs):
+    x, w = xs
+    h = x @ w
+    return [mx.sin(h), mx.cos(h).sum(axis=-1)]
+
+
+def params(key=0, b=8, d=16):
+    k = mx.random.split(mx.random.key(key), 3)
+    return [
+        mx.random.normal((b, d), key=k[0]),
+        mx.random.normal((d, 2 * d), key=k[1]) * 0.3,
+        mx.random.normal((2 * d, d), key=k[2]) * 0.3,
+    ]
+
+
+def stack(block, depth=3):
+    def loss(xs):
+        h = xs[0]
+        for _ in range(depth):
+            h = block([h, xs[1], xs[2]])[0]
+        return (h * h).sum()
+
+    return loss
+
+
+def gradients(loss, xs, argnums, compile_step):
+    vg = nv.value_and_grad_flat(loss, argnums)
+    step = lambda xs: [v for v in (lambda r: [r[0], *r[1]])(vg(xs))]
+    if compile_step:
+        step = nv.compile_flat(step)
+    out = step(xs)
+    mx.eval(out)
+    return out
+
+
+@pytest.mark.parametrize("compile_step", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("argnums", [[0], [0, 1, 2], [2, 0]], ids=str)
+def test_checkpointed_gradients_equal_plain(compile_step, argnums, compiled):
+    xs = params()
+    plain = gradients(stack(mlp), xs, argnums, compile_step)
+    ck = gradients(stack(nv.checkpoint_flat(mlp)), xs, argnums, compile_step)
+    assert_close(ck, plain)
+
+
+@pytest.mark.parametrize("compile_step", [False, True], ids=["eager", "compiled"])
+def test_nested_checkpoints_give_plain_gradients(compile_step, compiled):
+    inner = nv.checkpoint_flat(mlp)
+    outer = nv.checkpoint_flat(lambda xs: inner(inner(xs) + xs[1:]))
+    xs = params(1)
+    plain = gradients(stack(lambda xs: mlp(mlp(xs) + xs[1:])), xs, [0, 1, 2], compile_step)
+    ck = gradients(stack(outer), xs, [0, 1, 2], compile_step)
+    assert_close(ck, plain)
+
+
+@pytest.mark.parametrize("compile_step", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("use", ["both", "first", "second"])
+def test_multiple_outputs_and_ignored_outputs(compile_step, use, compiled):
+    def loss_of(block):
+        def loss(xs):
+            a, b = block(xs)
+            return {"both": a.sum() * 2 + (b * b).sum(), "first": a.sum(), "second": b.sum()}[use]
+
+        return loss
+
+    x, w, _ = params(2)
+    xs = [x, w]
+    plain = gradients(loss_of(two_outputs), xs, [0, 1], compile_step)
+    ck = gradients(loss_of(nv.checkpoint_flat(two_outputs)), xs, [0, 1], compile_step)
+    assert_close(ck, plain)
+
+
+def test_integer_and_bool_inputs_pass_through_undifferentiated():
+    def gather(xs):
+        table, idx, mask = xs
+        return [mx.where(mask[:, None], table[idx], 0.0) * 3.0]
+
+    table = mx.arange(12, dtype=mx.float32).reshape(4, 3)
+    idx = mx.array([3, 0, 3])
+    mask = mx.array([True, False, True])
+
+    def loss_of(block):
+        return lambda xs: (block(xs)[0] ** 2).sum()
+
+    xs = [table, idx, mask]
+    assert_close(
+        nv.grad_flat(loss_of(nv.checkpoint_flat(gather)), 0)(xs),
+        nv.grad_flat(loss_of(gather), 0)(xs),
+    )
+
+
+def test_values_equal_without_gradients():
+    xs = params(3)
+    assert_close(nv.checkpoint_flat(mlp)(xs), mlp(xs))
+
+
+@pytest.mark.parametrize("compile_step", [False, True], ids=["eager", "compiled"])
+def test_recomputation_repeats_the_forward_random_draws(compile_step, compiled):
+    def dropout(xs):
+        keep = mx.random.bernoulli(0.5, xs[0].shape)
+        return [mx.where(keep, xs[0] * xs[1], 0.0)]
+
+    def loss(xs):
+        return nv.checkpoint_flat(dropout)(xs)[0].sum()
+
+    x, w = mx.ones((256,)), mx.full((256,), 2.0)
+    step = nv.grad_flat(loss, 0)
+    if compile_step:
+        step = nv.compile_flat(step)
+    mx.random.seed(7)
+    (grad,) = step([x, w])
+    mx.random.seed(7)
+    forward_keep = mx.random.bernoulli(0.5, x.shape)  # the forward pass's draw
+    # A different mask on recomputation would put gradients where the
+    # forward pass dropped elements, and drop some it kept.
+    assert_close(grad, mx.where(forward_keep, w, 0.0))
+    assert 0 < forward_keep.sum().item() < 256
+
+
+def test_backward_leaves_the_global_random_state_as_the_forward_left_it():
+    def noisy(xs):
+        return [xs[0] * mx.random.uniform(shape=xs[0].shape)]
+
+    mx.random.seed(11)
+    vg = nv.value_and_grad_flat(lambda xs: nv.checkpoint_flat(noisy)(xs)[0].sum(), 0)
+    mx.eval(vg([mx.ones((8,))]))
+    after_step = mx.random.uniform(shape=(4,))
+    mx.random.seed(11)
+    mx.eval(noisy([mx.ones((8,))]))
+    assert_close(after_step, mx.random.uniform(shape=(4,)))
+
+
+def test_outputs_that_change_between_forward_and_recomputation_raise():
+    calls = []
+
+    def unstable(xs):
+        calls.append(1)
+        return [xs[0] * 2] * len(calls)
+
+    loss = lambda xs: nv.checkpoint_flat(unstable)(xs)[0].sum()
+    with pytest.raises(ValueError, match="recomputed in the backward pass"):
+        nv.grad_flat(loss, 0)([mx.ones((3,))])
+
+
+@pytest.mark.parametrize(
+    "returned, error",
+    [(lambda x: x, TypeError), (lambda x: [x, 1.0], TypeError), (lambda x: 3, TypeError)],
+    ids=["bare array", "non-array element", "not a list"],
+)
+def test_fn_returning_something_else_than_arrays_raises(returned, error):
+    with pytest.raises(error, match="returned by fn"):
+        nv.checkpoint_flat(lambda xs: returned(xs[0]))([mx.ones((2,))])
+
+
+def test_non_array_inputs_raise():
+    block = nv.checkpoint_flat(mlp)
+    with pytest.raises(TypeError, match=r"xs\[1\] must be an mlx.core.array"):
+        block([mx.ones((2, 2)), [[1.0]], mx.ones((2, 2))])
+    with pytest.raises(TypeError, match="xs must be a list or tuple"):
+        block(mx.ones((2, 2)))
+
+
+def test_non_callable_fn_raises():
+    with pytest.raises(TypeError, match="fn must be callable"):
+        nv.checkpoint_flat(3)
