@@ -7,11 +7,19 @@ several blocks' recomputed activations at once. The evaluator does wait for
 queued work whenever active memory exceeds MLX's memory limit, so a limit set
 just above the memory the evaluation starts with turns that limit into a
 throttle: the evaluator runs ahead only while memory is low.
+
+On CUDA that throttle acts only between CUDA graphs, and MLX frees a graph's
+buffers only once the whole graph has run (up to 100 ops on an H100 or H200).
+So, when the CUDA backend is present, importing nuvec_mlx asks MLX for one op
+per graph (``MLX_MAX_OPS_PER_BUFFER=1``) unless that variable is already set.
+MLX reads it once, when it first uses the GPU: import nuvec_mlx before that,
+or set the variable yourself.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import threading
 
 import mlx.core as mx
@@ -21,6 +29,9 @@ from . import memory
 
 # mx.set_memory_limit is process-wide: evaluations that set it take turns.
 _limit_lock = threading.RLock()
+
+if mx.cuda.is_available():
+    os.environ.setdefault("MLX_MAX_OPS_PER_BUFFER", "1")
 
 
 def eval(arrays: object, *, budget: int | float | None = None) -> None:

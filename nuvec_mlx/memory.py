@@ -17,11 +17,11 @@ from collections.abc import Iterator
 
 import mlx.core as mx
 
-#: The default evaluation budget in bytes: see :func:`budget`.
+#: The default evaluation budget on CPU and Metal, in bytes: see :func:`budget`.
 DEFAULT_BUDGET = 1 << 20
 
-_budget: contextvars.ContextVar[float] = contextvars.ContextVar(
-    "nuvec_mlx_budget", default=DEFAULT_BUDGET
+_budget: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "nuvec_mlx_budget", default=None
 )
 
 
@@ -149,5 +149,15 @@ def budget(nbytes: int | float) -> Iterator[None]:
 
 
 def current_budget() -> float:
-    """The budget in force: the innermost :func:`budget`, else ``DEFAULT_BUDGET``."""
-    return _budget.get()
+    """The budget in force: the innermost :func:`budget`, else the default.
+
+    The default is ``DEFAULT_BUDGET`` on CPU and Metal. On CUDA it is
+    ``math.inf``: there nuvec_mlx bounds in-flight memory through the size of
+    MLX's CUDA graphs instead (see :mod:`nuvec_mlx.evaluate`), and a throttle
+    would only add a wait after every kernel.
+    """
+    nbytes = _budget.get()
+    if nbytes is not None:
+        return nbytes
+    on_cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
+    return math.inf if on_cuda else DEFAULT_BUDGET
