@@ -1,0 +1,153 @@
+"""Checkpointing helpers for ``mlx.nn`` modules, built on :func:`nuvec_mlx.checkpoint`.
+
+``checkpoint_module`` works per instance: it swaps the instance's class for a
+cached subclass whose ``__call__`` runs checkpointed (``type(m).__call__`` of
+other instances is untouched), and swapping back undoes it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import mlx.nn as nn
+
+from .tree import call_checkpointed
+
+_subclasses: dict[type, type] = {}
+
+
+def _checkpointed_class(cls: type) -> type:
+    if cls not in _subclasses:
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return call_checkpointed(
+                lambda *a, **k: cls.__call__(self, *a, **k), args, kwargs, [self]
+            )
+        _subclasses[cls] = type(cls.__name__, (cls,), {
+            "__call__": __call__, "_nuvec_original_class": cls,
+            "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    return _subclasses[cls]
+
+
+def is_checkpointed(module: nn.Module) -> bool:
+    """Whether ``module`` was wrapped by :func:`checkpoint_module`."""
+    return "_nuvec_original_class" in type(module).__dict__
+
+
+def checkpoint_module(module: nn.Module, enable: bool = True) -> nn.Module:
+    """Checkpoint one module instance (in place); ``enable=False`` undoes it.
+
+    Its trainable parameters are primals of the checkpoint; frozen ones are
+    constants (so LoRA adapters on frozen weights train as usual).
+
+    Args:
+        module: an ``mlx.nn.Module`` instance.
+        enable: wrap (True) or unwrap (False).
+
+    Returns:
+        ``module`` itself.
+
+    Example:
+        >>> nv.checkpoint_module(model.layers[0])
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be an mlx.nn.Module, got {type(module).__name__}")
+    if not isinstance(enable, bool):
+        raise TypeError(f"enable must be a bool, got {type(enable).__name__}")
+    if enable and not is_checkpointed(module):
+        module.__class__ = _checkpointed_class(type(module))
+    elif not enable and is_checkpointed(module):
+        module.__class__ = type(module).__dict__["_nuvec_original_class"]
+    return module
+
+
+def _find_layers(model: nn.Module, layers: Any) -> list[nn.Module]:
+    if layers is None:
+        for owner in (model, getattr(model, "model", None)):
+            found = getattr(owner, "layers", None)
+            if isinstance(found, (list, tuple)):
+                return list(found)
+        raise ValueError(
+            "layers=None expects model.layers or model.model.layers to be a list of "
+            "modules; pass layers= explicitly (a list or a predicate)"
+        )
+    if callable(layers) and not isinstance(layers, nn.Module):
+        return [m for _, m in model.named_modules()[::-1] if m is not model and layers(m)]
+    if isinstance(layers, (list, tuple)):
+        return list(layers)
+    raise TypeError(
+        f"layers must be None, a list of modules or a predicate, got {type(layers).__name__}"
+    )
+
+
+def checkpoint_layers(
+    model: nn.Module, layers: Any = None, every: int = 1, enable: bool = True
+) -> int:
+    """Checkpoint (or, with ``enable=False``, un-checkpoint) a model's blocks.
+
+    Args:
+        model: the model.
+        layers: ``None`` (``model.layers`` or ``model.model.layers``), a list of
+            modules, or a predicate ``module -> bool`` over ``model``'s modules.
+        every: wrap every ``every``-th block (0, every, 2*every, ...).
+        enable: wrap (True) or unwrap (False).
+
+    Returns:
+        How many blocks were wrapped (or unwrapped).
+
+    Example:
+        >>> nv.checkpoint_layers(model)            # every block
+        >>> nv.checkpoint_layers(model, enable=False)
+    """
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"every must be an int >= 1, got {every!r}")
+    blocks = _find_layers(model, layers)
+    count = 0
+    for i, block in enumerate(blocks):
+        if not isinstance(block, nn.Module):
+            raise TypeError(f"layers[{i}] must be an mlx.nn.Module, got {type(block).__name__}")
+        if i % every == 0 and is_checkpointed(block) != enable:
+            checkpoint_module(block, enable)
+            count += 1
+    return count
+
+
+def checkpoint_sequential(
+    layers: Sequence[Callable], segments: int | str = "sqrt"
+) -> Callable[[Any], Any]:
+    """Run ``layers`` in sequence as ``segments`` checkpointed segments.
+
+    Args:
+        layers: modules (or functions) applied one after another.
+        segments: number of segments, or ``"sqrt"`` for ceil(sqrt(len(layers)))
+            (Chen et al. 2016).
+
+    Returns:
+        ``run(x) -> y`` equal to applying the layers in turn.
+
+    Example:
+        >>> run = nv.checkpoint_sequential(model.layers, "sqrt")
+    """
+    layers = list(layers)
+    if not layers:
+        raise ValueError("layers must hold at least one layer, got none")
+    n = len(layers)
+    if segments == "sqrt":
+        segments = math.ceil(math.sqrt(n))
+    if isinstance(segments, bool) or not isinstance(segments, int) or not 1 <= segments <= n:
+        raise ValueError(f"segments must be 'sqrt' or an int in [1, {n}], got {segments!r}")
+    size = math.ceil(n / segments)
+    groups = [layers[i:i + size] for i in range(0, n, size)]
+
+    def run(x: Any) -> Any:
+        for group in groups:
+            def seg(h: Any, group: list = group) -> Any:
+                for layer in group:
+                    h = layer(h)
+                return h
+            mods = [m for m in group if isinstance(m, nn.Module)]
+            x = call_checkpointed(seg, (x,), {}, mods)
+        return x
+
+    return run

@@ -1,0 +1,124 @@
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import pytest
+from mlx.utils import tree_flatten
+
+import nuvec_mlx as nv
+from conftest import assert_close
+from mlx_lm.models import llama, qwen2, gemma
+
+CFG = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+           num_attention_heads=4, num_key_value_heads=4, rms_norm_eps=1e-5, vocab_size=128)
+
+
+def make(arch, layers=2):
+    mx.random.seed(0)
+    cfg = dict(CFG, num_hidden_layers=layers)
+    if arch == "llama":
+        m = llama.Model(llama.ModelArgs(model_type="llama", **cfg))
+    elif arch == "qwen2":
+        m = qwen2.Model(qwen2.ModelArgs(model_type="qwen2", **cfg))
+    else:
+        m = gemma.Model(gemma.ModelArgs(model_type="gemma", head_dim=16, **cfg))
+    mx.eval(m.parameters())
+    return m
+
+
+def loss(m, x):
+    return nn.losses.cross_entropy(m(x[:, :-1]), x[:, 1:]).mean()
+
+
+def grads(m, x):
+    g = nn.value_and_grad(m, loss)(m, x)[1]
+    mx.eval(g)
+    return [v for _, v in tree_flatten(g)]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma"])
+def test_gradients_equal(arch):
+    m = make(arch)
+    x = mx.random.randint(0, 128, (2, 33))
+    g0 = grads(m, x)
+    assert nv.checkpoint_layers(m) == 2
+    assert_close(grads(m, x), g0, 1e-5)
+    assert nv.checkpoint_layers(m, enable=False) == 2
+    assert type(m.layers[0]).__call__ is type(m.layers[0]).__mro__[0].__call__
+
+
+def test_instance_level_and_every():
+    m = make("llama")
+    m2 = make("llama")
+    assert nv.checkpoint_layers(m, every=2) == 1
+    assert nv.is_checkpointed(m.layers[0]) and not nv.is_checkpointed(m.layers[1])
+    assert not nv.is_checkpointed(m2.layers[0])
+    assert nv.checkpoint_layers(m, layers=lambda mod: isinstance(mod, nn.RMSNorm)) > 0
+
+
+def test_checkpoint_sequential_sqrt():
+    mx.random.seed(1)
+    layers = [nn.Linear(8, 8) for _ in range(5)]
+    model = nn.Sequential(*layers)
+    x = mx.random.normal((3, 8))
+    run = nv.checkpoint_sequential(layers, "sqrt")
+    g0 = nn.value_and_grad(model, lambda m, x: model(x).sum())(model, x)[1]
+    g1 = nn.value_and_grad(model, lambda m, x: run(x).sum())(model, x)[1]
+    assert_close([v for _, v in tree_flatten(g1)], [v for _, v in tree_flatten(g0)], 1e-5)
+    with pytest.raises(ValueError, match="segments"):
+        nv.checkpoint_sequential(layers, 9)
+
+
+def test_lora_only_adapters_train():
+    from mlx_lm.tuner.lora import LoRALinear
+    m = make("llama")
+    m.freeze()
+    for layer in m.layers:
+        layer.self_attn.q_proj = LoRALinear.from_base(layer.self_attn.q_proj, r=4)
+        layer.self_attn.q_proj.lora_b = mx.random.normal(layer.self_attn.q_proj.lora_b.shape) * 0.1
+    x = mx.random.randint(0, 128, (2, 33))
+    g0 = grads(m, x)
+    assert len(g0) == 4  # lora_a, lora_b per layer
+    nv.checkpoint_layers(m)
+    assert_close(grads(m, x), g0, 1e-5)
+
+
+def test_errors():
+    with pytest.raises(TypeError, match="module must be"):
+        nv.checkpoint_module(3)
+    with pytest.raises(ValueError, match="every"):
+        nv.checkpoint_layers(make("llama"), every=0)
+    with pytest.raises(ValueError, match="model.layers"):
+        nv.checkpoint_layers(nn.Linear(2, 2))
+
+
+def _step_peak(ckpt):
+    m = make("llama", layers=8)
+    if ckpt:
+        nv.checkpoint_layers(m)
+    opt = optim.AdamW(1e-3)
+    opt.init(m.trainable_parameters())
+    x = mx.random.randint(0, 128, (2, 513))
+    vg = nn.value_and_grad(m, loss)
+    state = [m.state, opt.state, mx.random.state]
+    traces = []
+
+    def step(x):
+        traces.append(1)
+        l, g = vg(m, x)
+        opt.update(m, g)
+        return l
+
+    cstep = mx.compile(step, inputs=state, outputs=state)
+    nv.eval([cstep(x), m.parameters(), opt.state])
+    for _ in range(2):
+        with nv.memory.measure() as mm:
+            nv.eval([cstep(x), m.parameters(), opt.state])
+    assert len(traces) == 1
+    return mm.peak
+
+
+def test_compiled_training_step_peak_halved(compiled):
+    base = _step_peak(False)
+    ck = _step_peak(True)
+    print(f"peak without {base/2**20:.1f} MiB, with {ck/2**20:.1f} MiB")
+    assert ck <= 0.5 * base
