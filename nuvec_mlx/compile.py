@@ -92,6 +92,7 @@ def value_and_grad_flat(
         (array(6, dtype=float32), [array(2, dtype=float32)])
     """
     _validate.callable_(loss, "loss")
+    _validate.argnums(argnums, None)  # fail at construction, not at the first call
 
     def value_and_grad(xs: Sequence[mx.array]) -> tuple[mx.array, list[mx.array]]:
         xs = _validate.array_list(xs, "xs")
