@@ -68,6 +68,26 @@ def test_eval_from_four_threads_gives_serial_values_and_restores_the_limit(compi
     assert mx.get_memory_limit() == limit
     for t in range(THREADS):
         assert equal(results[t], expected[t]), f"thread {t} got other gradients"
+    if compile_step:
+        assert step.traces == 1 + THREADS  # MLX keeps compiled functions per thread
+
+
+def test_compiled_step_draws_from_the_calling_threads_key(compiled):
+    step = nv.compile_flat(lambda xs: [xs[0] + mx.random.uniform(shape=(3,))])
+    def draws(t, fn):
+        mx.random.seed(200 + t)
+        out = [fn([mx.zeros((3,))])[0] for _ in range(3)]
+        mx.eval(out)
+        return [o.tolist() for o in out], mx.random.state[0].tolist()
+
+    eager = {t: draws(t, lambda xs: [xs[0] + mx.random.uniform(shape=(3,))]) for t in range(THREADS)}
+    mx.random.seed(0)
+    mx.eval(step([mx.zeros((3,))]))
+    main_key = mx.random.state[0].tolist()
+    results = run_in_threads(lambda t: draws(t, step))
+    assert mx.random.state[0].tolist() == main_key
+    for t in range(THREADS):
+        assert results[t] == eager[t], f"thread {t} drew from another key"
 
 
 def test_budget_is_per_thread():
