@@ -26,8 +26,12 @@ def outputs(out: object, fn: object) -> list[mx.array]:
     return array_list(out, f"the value returned by fn ({_name(fn)})")
 
 
-def argnums(argnums: int | Sequence[int], n: int) -> list[int]:
-    """Normalise ``argnums`` against ``n`` inputs: ints, in range, not repeated."""
+def argnums(argnums: int | Sequence[int], n: int | None) -> list[int]:
+    """Normalise ``argnums`` against ``n`` inputs: ints, in range, not repeated.
+
+    With ``n=None`` (the number of inputs not yet known) only the types, the
+    emptiness and the repeats of non-negative entries are checked.
+    """
     items = [argnums] if isinstance(argnums, int) else argnums
     if isinstance(items, (str, bytes)) or not isinstance(items, Sequence):
         raise TypeError(
@@ -39,6 +43,17 @@ def argnums(argnums: int | Sequence[int], n: int) -> list[int]:
     for a in items:
         if isinstance(a, bool) or not isinstance(a, int):
             raise TypeError(f"argnums must hold ints, got {type(a).__name__} ({a!r})")
+    if n is None:
+        non_negative = [a for a in items if a >= 0]
+        if len(set(non_negative)) != len(non_negative):
+            raise ValueError(f"argnums names an input more than once: {list(items)}")
+        return list(items)
+    if n == 0:
+        raise ValueError(
+            f"xs is empty, but argnums {list(items)} selects inputs to differentiate: "
+            "pass at least one array in xs"
+        )
+    for a in items:
         if not -n <= a < n:
             raise ValueError(
                 f"argnums entry {a} is out of range for {n} inputs (expected -{n} <= i < {n})"

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import mlx.core as mx
 
 from . import _validate
-from .checkpoint import constant_inputs
+from .checkpoint import _key_list, constant_inputs
 
 FlatFn = Callable[[list[mx.array]], Sequence[mx.array]]
 LossFn = Callable[[list[mx.array]], mx.array]
@@ -41,7 +41,17 @@ class CompiledFlat:
         return tuple(_validate.outputs(self._fn(list(xs)), self._fn))
 
     def __call__(self, xs: Sequence[mx.array]) -> list[mx.array]:
-        return list(self._compiled(*_validate.array_list(xs, "xs")))
+        xs = _validate.array_list(xs, "xs")
+        # While tracing, mx.compile swaps the random key for a placeholder; if
+        # the trace raises, MLX leaves the placeholder behind and every later
+        # draw fails. Put the caller's key back.
+        state = _key_list()
+        saved = state[0]
+        try:
+            return list(self._compiled(*xs))
+        except BaseException:
+            state[0] = saved
+            raise
 
 
 def compile_flat(fn: FlatFn) -> CompiledFlat:
@@ -82,6 +92,7 @@ def value_and_grad_flat(
         (array(6, dtype=float32), [array(2, dtype=float32)])
     """
     _validate.callable_(loss, "loss")
+    _validate.argnums(argnums, None)  # fail at construction, not at the first call
 
     def value_and_grad(xs: Sequence[mx.array]) -> tuple[mx.array, list[mx.array]]:
         xs = _validate.array_list(xs, "xs")

@@ -1,0 +1,123 @@
+"""A catalogue of misuses: each raises a TypeError or ValueError naming the argument."""
+
+import math
+
+import mlx.core as mx
+import pytest
+
+import nuvec_mlx as nv
+
+a = mx.ones((2,))
+i = mx.array([1], dtype=mx.int32)
+
+
+def total(xs):
+    return xs[0].sum()
+
+
+def changes_shape_when_recomputed():
+    calls = []
+
+    def fn(xs):
+        calls.append(1)
+        return [xs[0] * 2] if len(calls) == 1 else [xs[0][:1]]
+
+    return nv.checkpoint_flat(fn)
+
+
+def enter(context_manager):
+    with context_manager:
+        pass
+
+
+CATALOGUE = [
+    # compile_flat
+    ("compile_flat: fn not callable", lambda: nv.compile_flat(3),
+     TypeError, r"^fn must be callable, got int$"),
+    ("compiled step: xs is a bare array", lambda: nv.compile_flat(lambda xs: xs)(a),
+     TypeError, r"^xs must be a list or tuple of mlx.core.array, got array$"),
+    ("compiled step: xs holds a float", lambda: nv.compile_flat(lambda xs: xs)([1.0]),
+     TypeError, r"^xs\[0\] must be an mlx.core.array, got float$"),
+    ("compiled step: fn returns a bare array", lambda: nv.compile_flat(lambda xs: xs[0])([a]),
+     TypeError, r"value returned by fn \(.*\) must be a list or tuple of mlx.core.array, got array"),
+    # value_and_grad_flat
+    ("value_and_grad_flat: loss not callable", lambda: nv.value_and_grad_flat(None, 0),
+     TypeError, r"^loss must be callable, got NoneType$"),
+    ("value_and_grad_flat: argnums a string", lambda: nv.value_and_grad_flat(total, "0"),
+     TypeError, r"^argnums must be an int or a sequence of ints, got str$"),
+    ("value_and_grad_flat: argnums empty", lambda: nv.value_and_grad_flat(total, []),
+     ValueError, r"^argnums must name at least one input, got an empty sequence$"),
+    ("value_and_grad_flat: argnums holds a float", lambda: nv.value_and_grad_flat(total, [0, 1.0]),
+     TypeError, r"^argnums must hold ints, got float \(1.0\)$"),
+    ("value_and_grad_flat: argnums holds a bool", lambda: nv.value_and_grad_flat(total, True),
+     TypeError, r"^argnums must hold ints, got bool \(True\)$"),
+    ("value_and_grad_flat: argnums repeated", lambda: nv.value_and_grad_flat(total, [1, 1]),
+     ValueError, r"^argnums names an input more than once: \[1, 1\]$"),
+    ("value_and_grad_flat: argnums repeated by a negative index",
+     lambda: nv.value_and_grad_flat(total, [0, -2])([a, a]),
+     ValueError, r"^argnums names input 0 more than once: \[0, -2\]$"),
+    ("value_and_grad_flat: argnums out of range", lambda: nv.value_and_grad_flat(total, 2)([a, a]),
+     ValueError, r"^argnums entry 2 is out of range for 2 inputs \(expected -2 <= i < 2\)$"),
+    ("value_and_grad_flat: xs empty", lambda: nv.value_and_grad_flat(lambda xs: mx.array(0.0), 0)([]),
+     ValueError, r"^xs is empty, but argnums \[0\] selects inputs"),
+    ("value_and_grad_flat: argnums selects an int input", lambda: nv.value_and_grad_flat(total, 1)([a, i]),
+     ValueError, r"^argnums selects xs\[1\] of dtype mlx.core.int32; gradients need a floating-point input$"),
+    ("value_and_grad_flat: xs a bare array", lambda: nv.value_and_grad_flat(total, 0)(a),
+     TypeError, r"^xs must be a list or tuple of mlx.core.array, got array$"),
+    # grad_flat
+    ("grad_flat: loss not callable", lambda: nv.grad_flat("f", 0),
+     TypeError, r"^loss must be callable, got str$"),
+    ("grad_flat: loss returns a vector", lambda: nv.grad_flat(lambda xs: xs[0], 0)([a]),
+     ValueError, r"^loss \(.*\) must return a scalar \(shape \(\)\), got an array of shape \(2,\)$"),
+    ("grad_flat: loss returns a float", lambda: nv.grad_flat(lambda xs: 1.0, 0)([a]),
+     TypeError, r"^loss \(.*\) must return a scalar mlx.core.array, got float$"),
+    # checkpoint_flat
+    ("checkpoint_flat: fn not callable", lambda: nv.checkpoint_flat(3),
+     TypeError, r"^fn must be callable, got int$"),
+    ("checkpointed: xs a bare array", lambda: nv.checkpoint_flat(lambda xs: xs)(a),
+     TypeError, r"^xs must be a list or tuple of mlx.core.array, got array$"),
+    ("checkpointed: fn returns a bare array", lambda: nv.checkpoint_flat(lambda xs: xs[0])([a]),
+     TypeError, r"value returned by fn \(.*\) must be a list or tuple of mlx.core.array, got array$"),
+    ("checkpointed: fn returns a float", lambda: nv.checkpoint_flat(lambda xs: (1.0,))([a]),
+     TypeError, r"value returned by fn \(.*\)\[0\] must be an mlx.core.array, got float$"),
+    ("checkpointed: fn returns other shapes when recomputed",
+     lambda: nv.grad_flat(lambda xs: changes_shape_when_recomputed()(xs)[0].sum(), 0)([a]),
+     ValueError, r"fn \(.*\) returned outputs .* when recomputed in the backward pass, but .* in the forward pass"),
+    # eval
+    ("eval: arrays a float", lambda: nv.eval(3.0),
+     TypeError, r"^arrays must be an mlx.core.array or a list, tuple or dict of them, got float$"),
+    ("eval: arrays holds None", lambda: nv.eval({"a": [a, None]}),
+     TypeError, r"^arrays\['a.1'\] must be an mlx.core.array, got NoneType$"),
+    ("eval: budget negative", lambda: nv.eval(a, budget=-1),
+     ValueError, r"^budget must be >= 0 bytes, got -1$"),
+    ("eval: budget a fraction", lambda: nv.eval(a, budget=1.5),
+     TypeError, r"^budget must be an int number of bytes or math.inf, got float \(1.5\)$"),
+    ("eval: budget nan", lambda: nv.eval(a, budget=math.nan),
+     TypeError, r"^budget must be an int number of bytes or math.inf, got float \(nan\)$"),
+    ("eval: budget -inf", lambda: nv.eval(a, budget=-math.inf),
+     TypeError, r"^budget must be an int number of bytes or math.inf, got float \(-inf\)$"),
+    # memory
+    ("memory.budget: negative", lambda: enter(nv.memory.budget(-5)),
+     ValueError, r"^nbytes must be >= 0 bytes, got -5$"),
+    ("memory.budget: a string", lambda: enter(nv.memory.budget("1MB")),
+     TypeError, r"^nbytes must be an int number of bytes or math.inf, got str \('1MB'\)$"),
+    ("memory.budget: a bool", lambda: enter(nv.memory.budget(True)),
+     TypeError, r"^nbytes must be an int number of bytes or math.inf, got bool \(True\)$"),
+    ("memory.measure: clear_cache not a bool", lambda: enter(nv.memory.measure(clear_cache="yes")),
+     TypeError, r"^clear_cache must be a bool, got str$"),
+]
+
+
+@pytest.mark.parametrize("misuse, error, match", [c[1:] for c in CATALOGUE], ids=[c[0] for c in CATALOGUE])
+def test_misuse_raises_a_precise_error(misuse, error, match):
+    with pytest.raises(error, match=match) as info:
+        misuse()
+    assert type(info.value) is error
+
+
+def test_misuses_leave_the_budget_and_memory_limit_as_they_were():
+    limit, budget = mx.get_memory_limit(), nv.memory.current_budget()
+    for _, misuse, error, _ in CATALOGUE:
+        with pytest.raises(error):
+            misuse()
+    assert (mx.get_memory_limit(), nv.memory.current_budget()) == (limit, budget)
