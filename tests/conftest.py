@@ -1,5 +1,20 @@
+import os
+
 import mlx.core as mx
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Hypothesis profiles, chosen by HYPOTHESIS_PROFILE (default "ci"). "ci" runs
+# 240 eager and 60 compiled graph examples in tests/test_properties.py, the
+# same ones every run; "dev" runs 1500 + 375 fresh random ones.
+settings.register_profile(
+    "ci", max_examples=240, deadline=None, derandomize=True, database=None,
+    print_blob=True, suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "dev", max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 import nuvec_mlx as nv
 

@@ -11,26 +11,15 @@ each gradient's max-norm, eagerly and compiled (compiled checkpointed against
 compiled plain, since fusion may round differently from eager).
 
 Profiles (``HYPOTHESIS_PROFILE``): ``ci`` (default, 300 examples in all: 240 eager, 60 compiled,
-derandomized) and ``dev`` (more, random).
+derandomized) and ``dev`` (more, random), registered in ``tests/conftest.py``.
 """
 
-import os
-
 import mlx.core as mx
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import nuvec_mlx as nv
 from tests.conftest import assert_close
-
-settings.register_profile(
-    "ci", max_examples=240, deadline=None, derandomize=True, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile(
-    "dev", max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Each distinct compiled graph is JIT-compiled anew (g++), so the compiled
 # property draws a quarter of the profile's examples.
