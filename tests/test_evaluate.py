@@ -52,11 +52,11 @@ def test_eval_never_loosens_a_tighter_user_limit(monkeypatch):
 
 
 def test_eval_within_budget_lowers_a_checkpointed_peak(compiled):
-    from benchmarks import seed
+    from benchmarks import workloads
 
-    sc = seed.build("nuvec", batch=256, dim=128, blocks=6)
-    unlimited = seed.peak(sc, lambda o: nv.eval(o, budget=math.inf))
-    throttled = seed.peak(sc, nv.eval)
+    sc = workloads.build("nuvec", batch=256, dim=128, blocks=6)
+    unlimited = workloads.peak(sc, lambda o: nv.eval(o, budget=math.inf))
+    throttled = workloads.peak(sc, nv.eval)
     assert throttled < unlimited
 
 

@@ -1,0 +1,122 @@
+"""The benchmark's outputs: a Markdown table, JSON and PNG plots, each with its environment."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+MiB = 1 << 20
+
+
+def label(row: dict) -> str:
+    """The workload of a row, as a short heading."""
+    shape = f"B={row['batch']}" + (f" T={row['seq']}" if row["model"] == "transformer" else "")
+    grads = "input+weight grads" if row["weight_grads"] else "input grad"
+    mode = "compiled" if row["compiled"] else "eager"
+    return f"{row['model']} {shape} D={row['dim']} {row['blocks']} blocks, {grads}, {mode}"
+
+
+def table(rows: list[dict]) -> list[str]:
+    """Markdown table lines: one line per row, ratios against the same workload's plain step."""
+    lines = [
+        "| workload | framework | strategy | peak MiB (min–max) | peak ratio | step ms | time ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {label(r)} | {r['framework']} | {r['strategy']} | error: {r['error']} | | | |")
+            continue
+        p, t = r["peak"], r["time"]
+        lines.append(
+            f"| {label(r)} | {r['framework']} | {r['strategy']} | {p['median'] / MiB:.1f} "
+            f"({p['min'] / MiB:.1f}–{p['max'] / MiB:.1f}) | {r.get('peak_ratio', float('nan')):.3f} | "
+            f"{t['median'] * 1e3:.1f} | {r.get('time_ratio', float('nan')):.3f} |"
+        )
+    return lines
+
+
+def markdown(env: dict, rows: list[dict], notes: list[str], plots: list[Path]) -> str:
+    """The results page: environment, notes, table and plots."""
+    head = ["# Peak-memory benchmark", "", *(f"- {k}: `{v}`" for k, v in env.items()), ""]
+    pics = [f"![{p.stem}]({p.name})" for p in plots]
+    return "\n".join(head + notes + [""] + table(rows) + [""] + pics) + "\n"
+
+
+def write(out: Path, env: dict, rows: list[dict], notes: list[str]) -> list[Path]:
+    """Write ``results.json``, ``results.md`` and the plots into ``out``; return the files."""
+    out.mkdir(parents=True, exist_ok=True)
+    plots = [p for p in (plot_strategies(rows, out), plot_depth(rows, out), plot_time(rows, out)) if p]
+    (out / "results.json").write_text(
+        json.dumps({"environment": env, "notes": notes, "rows": rows}, indent=1)
+    )
+    (out / "results.md").write_text(markdown(env, rows, notes, plots))
+    return [out / "results.json", out / "results.md", *plots]
+
+
+def _measured(rows: list[dict], section: str) -> list[dict]:
+    return [r for r in rows if r["section"] == section and "error" not in r]
+
+
+def plot_strategies(rows: list[dict], out: Path) -> Path | None:
+    """Bars of peak memory per strategy, one panel per workload."""
+    rows = _measured(rows, "strategies")
+    workloads = list(dict.fromkeys(label(r) for r in rows))
+    if not workloads:
+        return None
+    fig, axes = plt.subplots(len(workloads), 1, figsize=(9, 2.2 + 2.2 * len(workloads)), squeeze=False)
+    for ax, w in zip(axes[:, 0], workloads):
+        rs = [r for r in rows if label(r) == w]
+        names = [f"{r['framework']}\n{r['strategy']}" for r in rs]
+        colors = ["tab:green" if r["strategy"] == "nuvec" else
+                  "tab:blue" if r["framework"] == "mlx" else "tab:gray" for r in rs]
+        ax.bar(range(len(rs)), [r["peak"]["median"] / MiB for r in rs], color=colors)
+        ax.set_xticks(range(len(rs)), names, fontsize=7)
+        ax.set_ylabel("peak MiB")
+        ax.set_title(w, fontsize=9)
+    fig.tight_layout()
+    return _save(fig, out / "peak_by_strategy.png")
+
+
+def plot_depth(rows: list[dict], out: Path) -> Path | None:
+    """Peak memory against the number of blocks, one line per strategy."""
+    rows = _measured(rows, "depth")
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for s in dict.fromkeys(r["strategy"] for r in rows):
+        rs = sorted((r for r in rows if r["strategy"] == s), key=lambda r: r["blocks"])
+        ax.plot([r["blocks"] for r in rs], [r["peak"]["median"] / MiB for r in rs], "o-", label=s)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("blocks")
+    ax.set_ylabel("peak MiB")
+    ax.set_title(label(rows[0]).replace(f"{rows[0]['blocks']} blocks", "depth sweep"), fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, out / "peak_vs_depth.png")
+
+
+def plot_time(rows: list[dict], out: Path) -> Path | None:
+    """Step time against peak memory, both as ratios to the workload's plain step."""
+    rows = [r for r in _measured(rows, "strategies") if "time_ratio" in r]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for r in rows:
+        ax.scatter(r["peak_ratio"], r["time_ratio"], color="tab:green" if r["strategy"] == "nuvec" else
+                   "tab:blue" if r["framework"] == "mlx" else "tab:gray")
+        ax.annotate(f"{r['framework']} {r['strategy']}", (r["peak_ratio"], r["time_ratio"]), fontsize=6)
+    ax.set_xlabel("peak / plain peak")
+    ax.set_ylabel("step time / plain step time")
+    fig.tight_layout()
+    return _save(fig, out / "time_vs_peak.png")
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

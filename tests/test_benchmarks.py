@@ -1,0 +1,95 @@
+"""The benchmark measures what it says, and its smallest run goes end to end."""
+
+import json
+
+import mlx.core as mx
+import pytest
+
+from benchmarks import measure, peak_memory, workloads
+from conftest import assert_close
+
+
+def arange_step(n: int, k: int):
+    return lambda: [mx.arange(i, i + n, dtype=mx.float32) for i in range(k)]
+
+
+def test_peak_of_a_fake_workload_is_its_known_allocation():
+    assert measure.peak(arange_step(1000, 3), mx.eval) == 3 * 1000 * 4
+
+
+def test_peak_counts_a_freed_temporary_but_not_the_memory_held_before():
+    held = mx.ones((1 << 16,))
+    mx.eval(held)
+    # A 4000-byte arange, freed once it is reduced to 4 bytes.
+    assert measure.peak(lambda: mx.arange(1000, dtype=mx.float32).sum(), mx.eval) == 4004
+    del held
+
+
+def test_run_cases_summarises_every_case():
+    results = measure.run_cases({"a": (arange_step(500, 2), mx.eval), "b": (arange_step(250, 1), mx.eval)}, 3)
+    assert results["a"]["peak"] == {"median": 4000, "min": 4000, "max": 4000}
+    assert results["b"]["peak"]["median"] == 1000
+    t = results["a"]["time"]
+    assert 0 < t["min"] <= t["median"] <= t["max"]
+
+
+def test_summary_is_median_min_max():
+    assert measure.summary([3, 1, 2, 10]) == {"median": 2.5, "min": 1, "max": 10}
+
+
+def test_run_cases_rejects_zero_repeats():
+    with pytest.raises(ValueError, match="repeats"):
+        measure.run_cases({}, 0)
+
+
+def test_environment_names_mlx_backend_device_and_blas():
+    env = measure.environment()
+    assert env["mlx"] == mx.__version__
+    assert env["backend"] in ("cpu", "cuda", "metal") and env["device"]
+    if env["backend"] == "cpu":
+        assert env["blas"] != "unknown"
+
+
+@pytest.mark.parametrize("model", workloads.MODELS)
+@pytest.mark.parametrize("weight_grads", [False, True])
+def test_every_strategy_computes_the_same_step(compiled, model, weight_grads):
+    def outputs(strategy):
+        sc = workloads.build(strategy, batch=8, dim=16, blocks=3, seq=4, model=model, weight_grads=weight_grads)
+        out = sc.step(sc.inputs)
+        sc.evaluate(out)
+        return out
+
+    expected = outputs("none")
+    for strategy in workloads.STRATEGIES[1:]:
+        assert_close(outputs(strategy), expected, rtol=1e-5)
+
+
+def test_build_rejects_unknown_names():
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        workloads.build("remat")
+    with pytest.raises(ValueError, match="model must be one of"):
+        workloads.build(model="cnn")
+
+
+def test_smallest_run_writes_table_json_markdown_and_plots(tmp_path, capsys, compiled):
+    rows = peak_memory.main([
+        "--batch", "16", "--dim", "32", "--blocks", "2", "--seq", "8", "--depths", "2,4",
+        "--repeats", "1", "--peers", "none", "--out", str(tmp_path),
+    ])
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {"results.json", "results.md", "peak_by_strategy.png", "peak_vs_depth.png", "time_vs_peak.png"} <= names
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["environment"]["mlx"] == mx.__version__
+    table = [r for r in saved["rows"] if r["section"] == "strategies"]
+    assert {r["strategy"] for r in table} == set(workloads.STRATEGIES)
+    assert {r["model"] for r in table} == set(workloads.MODELS)
+    assert all(r["traces"] == 1 for r in rows)
+    assert all(r["peak_ratio"] == 1 for r in table if r["strategy"] == "none")
+    assert all(r["peak"]["min"] <= r["peak"]["median"] <= r["peak"]["max"] for r in table)
+    assert "| nuvec |" in capsys.readouterr().out
+
+
+def test_bad_strategy_option_names_the_choices(capsys):
+    with pytest.raises(SystemExit):
+        peak_memory.main(["--strategies", "none,remat"])
+    assert "--strategies: unknown ['remat']" in capsys.readouterr().err
