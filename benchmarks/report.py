@@ -101,15 +101,21 @@ def plot_depth(rows: list[dict], out: Path) -> Path | None:
 
 
 def plot_time(rows: list[dict], out: Path) -> Path | None:
-    """Step time against peak memory, both as ratios to the workload's plain step."""
+    """Step time against peak memory, as ratios to the plain step: one colour per strategy, one marker per workload."""
     rows = [r for r in _measured(rows, "strategies") if "time_ratio" in r]
     if not rows:
         return None
-    fig, ax = plt.subplots(figsize=(6, 4.5))
+    names = list(dict.fromkeys(f"{r['framework']} {r['strategy']}" for r in rows))
+    workloads = list(dict.fromkeys(label(r) for r in rows))
+    colors = plt.get_cmap("tab20")
+    fig, ax = plt.subplots(figsize=(8, 5))
     for r in rows:
-        ax.scatter(r["peak_ratio"], r["time_ratio"], color="tab:green" if r["strategy"] == "nuvec" else
-                   "tab:blue" if r["framework"] == "mlx" else "tab:gray")
-        ax.annotate(f"{r['framework']} {r['strategy']}", (r["peak_ratio"], r["time_ratio"]), fontsize=6)
+        name = f"{r['framework']} {r['strategy']}"
+        ax.scatter(r["peak_ratio"], r["time_ratio"], color=colors(names.index(name) % 20),
+                   marker="osD^v<>"[workloads.index(label(r)) % 7])
+    handles = [plt.Line2D([], [], color=colors(i % 20), marker="o", ls="", label=n) for i, n in enumerate(names)]
+    handles += [plt.Line2D([], [], color="k", marker="osD^v<>"[i % 7], ls="", label=w) for i, w in enumerate(workloads)]
+    ax.legend(handles=handles, fontsize=6, loc="center left", bbox_to_anchor=(1, 0.5))
     ax.set_xlabel("peak / plain peak")
     ax.set_ylabel("step time / plain step time")
     fig.tight_layout()
