@@ -81,19 +81,41 @@ def run_cases(
                 peaks[name].append(peak(step, evaluate))
                 times[name].append(seconds(step, evaluate))
                 bar.update()
-    return {n: {"peak": summary(peaks[n]), "time": summary(times[n])} for n in cases}
+    results = {n: {"peak": summary(peaks[n]), "time": summary(times[n])} for n in cases}
+    return add_rank_peaks(results)
+
+
+def add_rank_peaks(results: dict[str, dict]) -> dict[str, dict]:
+    """Under ``mx.distributed`` with several processes, add every rank's median peak.
+
+    MLX's counters are per process; each case gets ``peak_per_rank`` (rank 0
+    first) from one ``all_gather``, a collective every rank reaches in the same
+    order. In a single process, ``results`` is returned as it is.
+    """
+    group = mx.distributed.init()
+    if group.size() == 1 or not results:
+        return results
+    mine = mx.array([r["peak"]["median"] for r in results.values()], dtype=mx.int64)
+    every = mx.distributed.all_gather(mine, group=group).reshape(group.size(), -1)
+    for j, r in enumerate(results.values()):
+        r["peak_per_rank"] = every[:, j].tolist()
+    return results
 
 
 def blas() -> str:
-    """The BLAS MLX's CPU backend uses, from the libraries mapped into this process."""
+    """The BLAS MLX's CPU backend uses: the BLAS libraries mapped into this process
+    from MLX's own packages (NumPy's OpenBLAS, also mapped, is not MLX's)."""
     if sys.platform == "darwin":
         return "Accelerate"
     try:
         maps = Path("/proc/self/maps").read_text().split("\n")
     except OSError:
         return "unknown"
-    libs = sorted({Path(line.split()[-1]).name for line in maps if "blas" in line.lower()})
-    return ", ".join(libs) or "unknown"
+    paths = {Path(line.split()[-1]) for line in maps if "blas" in line.lower()}
+    mlx_libs = sorted(p.name for p in paths if any(part.startswith("mlx") for part in p.parts))
+    if mlx_libs:
+        return ", ".join(mlx_libs) + " (bundled with the mlx wheel)"
+    return ", ".join(sorted(p.name for p in paths)) or "unknown"
 
 
 def environment() -> dict[str, str]:
@@ -108,6 +130,7 @@ def environment() -> dict[str, str]:
         "cpu_count": str(os.cpu_count()),
         "blas": blas() if on_cpu else "n/a (GPU)",
         "MLX_MAX_OPS_PER_BUFFER": os.environ.get("MLX_MAX_OPS_PER_BUFFER", "unset (MLX default)"),
+        "ranks": str(mx.distributed.init().size()),
         "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }

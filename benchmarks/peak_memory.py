@@ -23,7 +23,7 @@ if __package__ in (None, ""):
 import mlx.core as mx
 from tqdm import tqdm
 
-from benchmarks import measure, report, workloads
+from benchmarks import measure, report, targets, workloads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +55,7 @@ SUITES = {
         Workload("mlp", 4096, 256, 8),
     ),
 }
-DEPTH_STRATEGIES = ("none", "mx", "nuvec")
+DEPTH_STRATEGIES = ("none", "none-policy", "mx", "nuvec")
 
 
 def mlx_rows(w: Workload, strategies: list[str], repeats: int, section: str) -> list[dict]:
@@ -102,19 +102,24 @@ def add_ratios(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def depth_notes(rows: list[dict], w: Workload) -> list[str]:
-    """How much each strategy's peak grows per added block, in block inputs."""
-    notes = []
+def depth_growth(rows: list[dict], w: Workload) -> dict[str, list[float]]:
+    """How much each strategy's peak grows per added block, in block inputs, depth by depth."""
+    growth = {}
     for s in dict.fromkeys(r["strategy"] for r in rows):
         rs = sorted((r for r in rows if r["strategy"] == s), key=lambda r: r["blocks"])
-        growth = [
+        growth[s] = [
             (b["peak"]["median"] - a["peak"]["median"]) / (b["blocks"] - a["blocks"]) / w.block_input_bytes()
             for a, b in zip(rs, rs[1:])
         ]
-        notes.append(f"- depth sweep, `{s}`: peak grows per added block by "
-                     + ", ".join(f"{g:.2f}" for g in growth) + " block inputs "
-                     + f"(between {', '.join(str(r['blocks']) for r in rs)} blocks)")
-    return notes
+    return growth
+
+
+def depth_notes(growth: dict[str, list[float]], depths: list[int]) -> list[str]:
+    """One line per strategy of the depth sweep."""
+    between = ", ".join(str(d) for d in sorted(depths))
+    return [f"- depth sweep, `{s}`: peak grows per added block by "
+            + ", ".join(f"{g:.2f}" for g in gs) + f" block inputs (between {between} blocks)"
+            for s, gs in growth.items()]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -125,7 +130,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dim", type=int, help="override the suite's model width")
     p.add_argument("--blocks", type=int, help="override the suite's number of blocks")
     p.add_argument("--seq", type=int, help="override the transformer's sequence length")
-    p.add_argument("--strategies", default=",".join(workloads.STRATEGIES))
+    p.add_argument("--strategies", default=",".join(workloads.STRATEGIES),
+                   help="comma-separated MLX strategies (default: all; see benchmarks/workloads.py)")
     p.add_argument("--weight-grads", choices=("both", "on", "off"), default="both",
                    help="which MLP gradients to take: input only (off), all (on), or both")
     p.add_argument("--eager", action="store_true", help="do not compile the step")
@@ -179,6 +185,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for blocks in args.depths:
         w = dataclasses.replace(depth_base, blocks=blocks)
         depth += mlx_rows(w, [s for s in DEPTH_STRATEGIES if s in args.strategies], args.repeats, "depth")
+    growth = depth_growth(depth, depth_base) if depth else {}
     env = measure.environment()
     notes = [
         f"- suite `{args.suite}`" + (": scaled-down shapes, so that it runs in minutes on a CPU; "
@@ -190,9 +197,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "`none` and the other MLX strategies evaluate with `mx.eval`, `none-policy` and `nuvec` with `nv.eval`",
         f"- peers run in their own processes ({', '.join(peers) or 'none importable here'}); "
         "each row's `method` in results.json says how its peak was read",
-        *(depth_notes(depth, depth_base) if depth else []),
+        *depth_notes(growth, args.depths),
     ]
+    notes += targets.checks(rows, growth, args.depths)
     rows += depth
+    if mx.distributed.init().rank() > 0:  # under mlx.launch, rank 0 reports every rank's peak
+        return rows
     files = report.write(args.out, env, rows, notes)
     print("\n".join(report.table(rows)))
     print("\n".join(notes))

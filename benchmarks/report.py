@@ -32,9 +32,11 @@ def table(rows: list[dict]) -> list[str]:
             lines.append(f"| {label(r)} | {r['framework']} | {r['strategy']} | error: {r['error']} | | | |")
             continue
         p, t = r["peak"], r["time"]
+        ranks = r.get("peak_per_rank")
+        per_rank = f"; ranks {', '.join(f'{v / MiB:.1f}' for v in ranks)}" if ranks else ""
         lines.append(
             f"| {label(r)} | {r['framework']} | {r['strategy']} | {p['median'] / MiB:.1f} "
-            f"({p['min'] / MiB:.1f}–{p['max'] / MiB:.1f}) | {r.get('peak_ratio', float('nan')):.3f} | "
+            f"({p['min'] / MiB:.1f}–{p['max'] / MiB:.1f}{per_rank}) | {r.get('peak_ratio', float('nan')):.3f} | "
             f"{t['median'] * 1e3:.1f} | {r.get('time_ratio', float('nan')):.3f} |"
         )
     return lines
@@ -75,9 +77,9 @@ def plot_strategies(rows: list[dict], out: Path) -> Path | None:
         colors = ["tab:green" if r["strategy"] == "nuvec" else
                   "tab:blue" if r["framework"] == "mlx" else "tab:gray" for r in rs]
         ax.bar(range(len(rs)), [r["peak"]["median"] / MiB for r in rs], color=colors)
-        ax.set_xticks(range(len(rs)), names, fontsize=7)
+        ax.set_xticks(range(len(rs)), names, fontsize=7, rotation=30, ha="right")
         ax.set_ylabel("peak MiB")
-        ax.set_title(w, fontsize=9)
+        ax.set_title(w + " (peers' peaks: see results.json's method)", fontsize=9)
     fig.tight_layout()
     return _save(fig, out / "peak_by_strategy.png")
 

@@ -9,6 +9,10 @@ set -euo pipefail
 out=${1:?usage: run_cuda.sh OUTDIR [suite|mlx-graphs|budgets|all]}
 part=${2:-all}
 WHEELS=${WHEELS:-/root/stash}
+# The mlx-cuda-13 wheel travels as parts (split -b 45m ... cudapart.): join them first.
+if ls "$WHEELS"/cudapart.* >/dev/null 2>&1; then
+  cat "$WHEELS"/cudapart.* > "$WHEELS/mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl" && rm "$WHEELS"/cudapart.*
+fi
 [ -d /tmp/site/mlx ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$WHEELS"/*.whl
 NV=/opt/torch/.venv/lib/python3.12/site-packages/nvidia
 export PYTHONPATH=/tmp/site:$PWD LD_LIBRARY_PATH=$NV/cu13/lib:$NV/cudnn/lib:$NV/nccl/lib PYTHONUNBUFFERED=1

@@ -18,6 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 import nuvec_mlx as nv
+from benchmarks import shapes
 
 #: How each block is checkpointed, and how the step is evaluated:
 #: ``none`` no checkpoint (mx.eval); ``none-policy`` no checkpoint (nv.eval);
@@ -55,14 +56,7 @@ def filled(shape: tuple[int, ...], seed: float) -> mx.array:
 
 def block_weights(model: str, dim: int, i: int) -> list[mx.array]:
     """The weights of block ``i``; every block has its own values."""
-    if model == "mlp":
-        return [filled((dim, 4 * dim), 0.11 + i), filled((4 * dim, dim), 0.23 + i)]
-    return [
-        filled((dim, 3 * dim), 0.13 + i),
-        filled((dim, dim), 0.17 + i),
-        filled((dim, 4 * dim), 0.11 + i),
-        filled((4 * dim, dim), 0.23 + i),
-    ]
+    return [filled(shape, seed) for shape, seed in shapes.block_weights(model, dim, i)]
 
 
 @dataclasses.dataclass
@@ -110,7 +104,7 @@ def build(
         raise ValueError(f"model must be one of {MODELS}, got {model!r}")
     weights = [w for i in range(blocks) for w in block_weights(model, dim, i)]
     per = len(weights) // blocks
-    inputs = weights + [filled((batch, dim) if model == "mlp" else (batch, seq, dim), 0.37)]
+    inputs = weights + [filled((batch, dim) if model == "mlp" else (batch, seq, dim), shapes.INPUT_SEED)]
     mx.eval(inputs)
     fn = _wrap(strategy, mlp_block if model == "mlp" else transformer_block)
 

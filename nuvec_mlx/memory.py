@@ -161,3 +161,37 @@ def current_budget() -> float:
         return nbytes
     on_cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
     return math.inf if on_cuda else DEFAULT_BUDGET
+
+
+def all_stats(group: mx.distributed.Group | None = None) -> list[Stats]:
+    """Read every process's :func:`stats`, in rank order.
+
+    MLX's counters are per process: in data-parallel training each rank holds
+    its own activations, and its peak says nothing about the others'. This
+    gathers each rank's four counters with one
+    :func:`mlx.core.distributed.all_gather` (as int64), so it is a collective:
+    every rank of ``group`` must call it, or the others wait. Each rank's
+    counters are read before the gather allocates anything.
+
+    Args:
+        group: the processes to ask; ``None`` for the global group
+            (:func:`mlx.core.distributed.init`), which is this process alone
+            when it was not launched distributed.
+
+    Returns:
+        One :class:`Stats` per rank of ``group``, rank 0 first; every rank
+        gets the same list.
+
+    Example:
+        >>> for rank, s in enumerate(nv.memory.all_stats()):
+        ...     print(rank, s.peak)
+    """
+    if group is None:
+        group = mx.distributed.init()
+    elif not isinstance(group, mx.distributed.Group):
+        raise TypeError(
+            f"group must be an mlx.core.distributed.Group or None, got {type(group).__name__}"
+        )
+    own = dataclasses.astuple(stats())
+    gathered = mx.distributed.all_gather(mx.array(own, dtype=mx.int64), group=group)
+    return [Stats(*row) for row in gathered.reshape(group.size(), len(own)).tolist()]

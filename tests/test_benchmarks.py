@@ -5,7 +5,7 @@ import json
 import mlx.core as mx
 import pytest
 
-from benchmarks import measure, peak_memory, workloads
+from benchmarks import measure, peak_memory, targets, workloads
 from conftest import assert_close
 
 
@@ -93,3 +93,29 @@ def test_bad_strategy_option_names_the_choices(capsys):
     with pytest.raises(SystemExit):
         peak_memory.main(["--strategies", "none,remat"])
     assert "--strategies: unknown ['remat']" in capsys.readouterr().err
+
+
+def fake_row(strategy: str, peak: float, time: float, weight_grads: bool = False) -> dict:
+    return {"section": "strategies", "framework": "mlx", "strategy": strategy, "model": "mlp",
+            "batch": 4096, "seq": 1, "blocks": 8, "weight_grads": weight_grads,
+            "peak": {"median": peak}, "time": {"median": time}}
+
+
+def test_targets_say_which_were_met_and_by_how_much_one_was_missed():
+    rows = peak_memory.add_ratios([fake_row("none", 200, 1.0), fake_row("none-policy", 100, 1.2),
+                                   fake_row("nuvec", 25, 1.5)])
+    lines = targets.checks(rows, {"nuvec": [1.0, 1.5]}, [4, 8, 16])
+    text = "\n".join(lines)
+    assert "nuvec peak / plain peak (both nv.eval): 0.250 (target <= 0.25): met" in text
+    assert "nuvec time / plain time (both nv.eval): 1.250 (target <= 1.55): met" in text
+    assert "plain nv.eval time / mx.eval time: 1.200 (target <= 1.1): MISSED by 0.100" in text
+    assert "plain nv.eval peak / mx.eval peak: 0.500 (target <= 1): met" in text
+    assert "(block inputs, shallowest to deepest): 1.333 (target <= 1.25): MISSED by 0.083" in text
+
+
+def test_targets_with_weight_gradients_use_their_own_bounds():
+    rows = peak_memory.add_ratios([fake_row("none", 100, 1.0, True), fake_row("none-policy", 100, 1.0, True),
+                                   fake_row("nuvec", 29, 1.5, True)])
+    text = "\n".join(targets.checks(rows, {}, []))
+    assert "input+weight grads: nuvec peak / plain peak (both nv.eval): 0.290 (target <= 0.3): met" in text
+    assert "nuvec time / plain time (both nv.eval): 1.500 (target <= 1.45): MISSED by 0.050" in text
