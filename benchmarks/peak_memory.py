@@ -173,20 +173,12 @@ def peers_to_run(args: argparse.Namespace) -> list[str]:
     return args.peers.split(",")
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    args = parse_args(argv)
-    table_workloads, depth_base = selected(args)
-    peers = peers_to_run(args)
-    rows = []
-    for w in table_workloads:
-        rows += mlx_rows(w, args.strategies, args.repeats, "strategies")
-        rows += peer_rows(w, peers, args.peer_python, args.repeats) if peers else []
-    depth = []
-    for blocks in args.depths:
-        w = dataclasses.replace(depth_base, blocks=blocks)
-        depth += mlx_rows(w, [s for s in DEPTH_STRATEGIES if s in args.strategies], args.repeats, "depth")
+def notes_for(args: argparse.Namespace, peers: list[str], rows: list[dict], depth: list[dict]) -> list[str]:
+    """The results' notes: how they were measured, the depth sweep's growth and issue #3's targets."""
+    _, depth_base = selected(args)
     growth = depth_growth(depth, depth_base) if depth else {}
-    env = measure.environment()
+    depths = sorted({r["blocks"] for r in depth})
+    none = "none asked for" if args.peers == "none" else "none importable here"
     notes = [
         f"- suite `{args.suite}`" + (": scaled-down shapes, so that it runs in minutes on a CPU; "
                                      "`--suite full` runs the seed's" if args.suite == "default" else ""),
@@ -195,19 +187,43 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "times: warm steps until `mx.synchronize()`",
         "- ratios: against the plain step (`none`) of the same framework and workload; "
         "`none` and the other MLX strategies evaluate with `mx.eval`, `none-policy` and `nuvec` with `nv.eval`",
-        f"- peers run in their own processes ({', '.join(peers) or 'none importable here'}); "
+        f"- peers run in their own processes ({', '.join(peers) or none}); "
         "each row's `method` in results.json says how its peak was read",
-        *depth_notes(growth, args.depths),
+        *depth_notes(growth, depths),
     ]
-    notes += targets.checks(rows, growth, args.depths)
-    rows += depth
-    if mx.distributed.init().rank() > 0:  # under mlx.launch, rank 0 reports every rank's peak
-        return rows
-    files = report.write(args.out, env, rows, notes)
-    print("\n".join(report.table(rows)))
-    print("\n".join(notes))
-    print("wrote " + ", ".join(str(f) for f in files))
-    return rows
+    return notes + targets.checks(rows, growth, depths)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
+    table_workloads, depth_base = selected(args)
+    peers = peers_to_run(args)
+    env = measure.environment()
+    reports = mx.distributed.init().rank() == 0  # under mlx.launch, rank 0 reports every rank's peak
+    parts = len(table_workloads) + len(args.depths)
+    rows, depth = [], []
+
+    def save(done: int) -> list[Path]:
+        """Write what was measured so far: an interrupted run leaves its finished parts behind."""
+        notes = notes_for(args, peers, rows, depth)
+        if done < parts:
+            notes.insert(0, f"- partial: {done} of {parts} parts measured (the run was still going)")
+        return report.write(args.out, env, rows + depth, notes) if reports else []
+
+    for done, w in enumerate(table_workloads, 1):
+        rows += mlx_rows(w, args.strategies, args.repeats, "strategies")
+        rows += peer_rows(w, peers, args.peer_python, args.repeats) if peers else []
+        save(done)
+    for done, blocks in enumerate(args.depths, len(table_workloads) + 1):
+        w = dataclasses.replace(depth_base, blocks=blocks)
+        depth += mlx_rows(w, [s for s in DEPTH_STRATEGIES if s in args.strategies], args.repeats, "depth")
+        save(done)
+    files = save(parts)
+    if reports:
+        print("\n".join(report.table(rows + depth)))
+        print("\n".join(notes_for(args, peers, rows, depth)))
+        print("wrote " + ", ".join(str(f) for f in files))
+    return rows + depth
 
 
 if __name__ == "__main__":

@@ -86,7 +86,28 @@ def test_smallest_run_writes_table_json_markdown_and_plots(tmp_path, capsys, com
     assert all(r["traces"] == 1 for r in rows)
     assert all(r["peak_ratio"] == 1 for r in table if r["strategy"] == "none")
     assert all(r["peak"]["min"] <= r["peak"]["median"] <= r["peak"]["max"] for r in table)
+    assert not any(n.startswith("- partial") for n in saved["notes"])
     assert "| nuvec |" in capsys.readouterr().out
+
+
+def test_interrupted_run_leaves_its_finished_parts(tmp_path, monkeypatch):
+    real = peak_memory.mlx_rows
+
+    def interrupt_the_depth_sweep(w, strategies, repeats, section):
+        if section == "depth":
+            raise KeyboardInterrupt
+        return real(w, strategies, repeats, section)
+
+    monkeypatch.setattr(peak_memory, "mlx_rows", interrupt_the_depth_sweep)
+    with pytest.raises(KeyboardInterrupt):
+        peak_memory.main(["--batch", "16", "--dim", "32", "--blocks", "2", "--models", "mlp",
+                          "--strategies", "none,nuvec", "--depths", "2,4", "--repeats", "1",
+                          "--peers", "none", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert {(r["weight_grads"], r["strategy"]) for r in saved["rows"]} == {
+        (False, "none"), (False, "nuvec"), (True, "none"), (True, "nuvec")}
+    assert saved["notes"][0] == "- partial: 2 of 4 parts measured (the run was still going)"
+    assert "partial" in (tmp_path / "results.md").read_text()
 
 
 def test_bad_strategy_option_names_the_choices(capsys):
