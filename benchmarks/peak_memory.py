@@ -173,9 +173,9 @@ def peers_to_run(args: argparse.Namespace) -> list[str]:
     return args.peers.split(",")
 
 
-def notes_for(args: argparse.Namespace, peers: list[str], rows: list[dict], depth: list[dict]) -> list[str]:
+def notes_for(args: argparse.Namespace, peers: list[str], rows: list[dict], depth: list[dict],
+              depth_base: Workload) -> list[str]:
     """The results' notes: how they were measured, the depth sweep's growth and issue #3's targets."""
-    _, depth_base = selected(args)
     growth = depth_growth(depth, depth_base) if depth else {}
     depths = sorted({r["blocks"] for r in depth})
     none = "none asked for" if args.peers == "none" else "none importable here"
@@ -203,26 +203,28 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parts = len(table_workloads) + len(args.depths)
     rows, depth = [], []
 
-    def save(done: int) -> list[Path]:
+    def save(done: int) -> list[str]:
         """Write what was measured so far: an interrupted run leaves its finished parts behind."""
-        notes = notes_for(args, peers, rows, depth)
+        notes = notes_for(args, peers, rows, depth, depth_base)
         if done < parts:
             notes.insert(0, f"- partial: {done} of {parts} parts measured (the run was still going)")
-        return report.write(args.out, env, rows + depth, notes) if reports else []
+        if reports:
+            report.write(args.out, env, rows + depth, notes)
+        return notes
 
+    notes = save(0)
     for done, w in enumerate(table_workloads, 1):
         rows += mlx_rows(w, args.strategies, args.repeats, "strategies")
         rows += peer_rows(w, peers, args.peer_python, args.repeats) if peers else []
-        save(done)
+        notes = save(done)
     for done, blocks in enumerate(args.depths, len(table_workloads) + 1):
         w = dataclasses.replace(depth_base, blocks=blocks)
         depth += mlx_rows(w, [s for s in DEPTH_STRATEGIES if s in args.strategies], args.repeats, "depth")
-        save(done)
-    files = save(parts)
+        notes = save(done)
     if reports:
         print("\n".join(report.table(rows + depth)))
-        print("\n".join(notes_for(args, peers, rows, depth)))
-        print("wrote " + ", ".join(str(f) for f in files))
+        print("\n".join(notes))
+        print(f"wrote results.json, results.md and plots into {args.out}")
     return rows + depth
 
 
