@@ -21,9 +21,6 @@ if __package__ in (None, ""):
 import nuvec_mlx as nv
 from benchmarks import measure, workloads
 
-MiB = 1 << 20
-
-
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=4096)
@@ -36,7 +33,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     args = p.parse_args(argv)
     shape = dict(batch=args.batch, dim=args.dim, blocks=args.blocks, weight_grads=args.weight_grads)
-    budgets = [math.inf if b == "inf" else int(float(b) * MiB) for b in args.budgets.split(",")]
+    budgets = [measure.parse_budget(b) for b in args.budgets.split(",")]
     scenarios = {s: workloads.build(s, **shape) for s in args.strategies.split(",")}
     cases = {
         (b, s): (lambda sc=sc: sc.step(sc.inputs), lambda out, b=b: nv.eval(out, budget=b))
@@ -63,15 +60,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "",
         "Ratios are against `none` at the same budget, in the same process; `vs mx.eval` is against "
         f"`none` evaluated by plain `mx.eval`. Medians of {args.repeats}, cases round-robin; peaks "
-        "after `mx.synchronize()` with the cache cleared first; times: warm steps.",
+        f"after `mx.synchronize()` with the cache cleared first; times: {measure.TIMES}.",
         "",
         "| budget | strategy | peak MiB | peak ratio | step s | time ratio | time vs mx.eval plain |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        b = "inf (mx.eval)" if r["budget"] == math.inf else f"{r['budget'] / MiB:g} MiB"
+        b = measure.budget_text(r["budget"])
         lines.append(
-            f"| {b} | {r['strategy']} | {r['peak']['median'] / MiB:.1f} | {r['peak_ratio']:.3f} | "
+            f"| {b} | {r['strategy']} | {r['peak']['median'] / measure.MiB:.1f} | {r['peak_ratio']:.3f} | "
             f"{r['time']['median']:.4f} | {r['time_ratio']:.3f} | {r.get('time_vs_plain_mx_eval', math.nan):.3f} |"
         )
     (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")

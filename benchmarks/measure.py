@@ -3,13 +3,15 @@
 A peak is read with :func:`nuvec_mlx.memory.measure`: after
 :func:`mlx.core.synchronize`, with MLX's buffer cache cleared first, as bytes
 above the memory active before the step. A time is one warm step, from
-dispatch to :func:`mlx.core.synchronize`. Cases are run round-robin, one
+dispatch to :func:`mlx.core.synchronize`, averaged over back-to-back steps
+where a step is short (:mod:`benchmarks.timing`). Cases are run round-robin, one
 repeat of every case before the next, so that a slow spell of a shared
 machine falls on all of them alike.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import statistics
@@ -22,6 +24,12 @@ import mlx.core as mx
 from tqdm import tqdm
 
 import nuvec_mlx as nv
+from benchmarks import timing
+
+MiB = 1 << 20
+#: How the results describe a time.
+TIMES = (f"warm steps until `mx.synchronize()`, each the mean of back-to-back steps that fill "
+         f"{timing.MIN_SECONDS:g} s (a single step where one takes longer)")
 
 #: One step: dispatches its work and returns what must be evaluated.
 Step = Callable[[], object]
@@ -39,12 +47,14 @@ def peak(step: Step, evaluate: Evaluate) -> int:
 
 
 def seconds(step: Step, evaluate: Evaluate) -> float:
-    """Wall time of one step with a warm cache, until the device has finished."""
+    """Wall time of one step with a warm cache, until the device has finished it."""
+
+    def run() -> None:
+        evaluate(step())
+        mx.synchronize()
+
     mx.synchronize()
-    t = time.perf_counter()
-    evaluate(step())
-    mx.synchronize()
-    return time.perf_counter() - t
+    return timing.seconds(run)
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:
@@ -102,6 +112,21 @@ def add_rank_peaks(results: dict[str, dict]) -> dict[str, dict]:
     return results
 
 
+def parse_budget(text: str) -> float:
+    """A budget from the command line: MiB (``"0"``, ``"64"``, ``"0.5"``) or ``"inf"``, in bytes."""
+    if text == "inf":
+        return math.inf
+    mib = float(text)
+    if not mib >= 0:
+        raise ValueError(f"a budget must be 'inf' or MiB >= 0, got {text!r}")
+    return int(mib * MiB)
+
+
+def budget_text(nbytes: float) -> str:
+    """A budget as the results print it."""
+    return "inf (nv.eval runs mx.eval)" if nbytes == math.inf else f"{nbytes / MiB:g} MiB"
+
+
 def blas() -> str:
     """The BLAS MLX's CPU backend uses: the BLAS libraries mapped into this process
     from MLX's own packages (NumPy's OpenBLAS, also mapped, is not MLX's)."""
@@ -129,6 +154,7 @@ def environment() -> dict[str, str]:
         "device": mx.device_info().get("device_name", platform.machine()),
         "cpu_count": str(os.cpu_count()),
         "blas": blas() if on_cpu else "n/a (GPU)",
+        "nv.eval budget": budget_text(nv.memory.current_budget()),
         "MLX_MAX_OPS_PER_BUFFER": os.environ.get("MLX_MAX_OPS_PER_BUFFER", "unset (MLX default)"),
         "ranks": str(mx.distributed.init().size()),
         "python": platform.python_version(),

@@ -23,6 +23,7 @@ if __package__ in (None, ""):
 import mlx.core as mx
 from tqdm import tqdm
 
+import nuvec_mlx as nv
 from benchmarks import measure, report, targets, workloads
 
 
@@ -139,6 +140,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--peers", default="auto",
                    help="comma-separated from torch-eager, torch-compile, jax-jit; 'auto': those importable; 'none'")
     p.add_argument("--peer-python", default=sys.executable, help="the interpreter that runs the peers")
+    p.add_argument("--budget", type=measure.parse_budget, metavar="MIB",
+                   help="nv.eval's budget for none-policy and nuvec, MiB or 'inf' (default: nuvec_mlx's on this device)")
     p.add_argument("--repeats", type=int, default=3, help="measurements per case (medians reported)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/out"), help="output folder")
     args = p.parse_args(argv)
@@ -184,18 +187,25 @@ def notes_for(args: argparse.Namespace, peers: list[str], rows: list[dict], dept
                                      "`--suite full` runs the seed's" if args.suite == "default" else ""),
         f"- MLX figures: medians of {args.repeats} (min–max), cases round-robin in one process; "
         "peaks after `mx.synchronize()`, cache cleared first, above the memory active before the step; "
-        "times: warm steps until `mx.synchronize()`",
+        f"times: {measure.TIMES}",
         "- ratios: against the plain step (`none`) of the same framework and workload; "
         "`none` and the other MLX strategies evaluate with `mx.eval`, `none-policy` and `nuvec` with `nv.eval`",
         f"- peers run in their own processes ({', '.join(peers) or none}); "
         "each row's `method` in results.json says how its peak was read",
         *depth_notes(growth, depths),
     ]
-    return notes + targets.checks(rows, growth, depths)
+    return notes + targets.checks(rows, growth, depths, nv.memory.current_budget())
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
+    budget = nv.memory.current_budget() if args.budget is None else args.budget
+    with nv.memory.budget(budget):
+        return benchmark(args)
+
+
+def benchmark(args: argparse.Namespace) -> list[dict]:
+    """Measure, report and write what ``args`` asks for, at the budget in force."""
     table_workloads, depth_base = selected(args)
     peers = peers_to_run(args)
     env = measure.environment()

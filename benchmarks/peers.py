@@ -39,14 +39,13 @@ import signal
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-from benchmarks import shapes
+from benchmarks import shapes, timing
 
 #: The peers, and the module each needs.
 FRAMEWORKS = {"torch-eager": "torch", "torch-compile": "torch", "jax-jit": "jax"}
@@ -472,11 +471,9 @@ def peak(step: Callable[[], Any], sync: Callable[[Any], None], probe: Probe) -> 
     return probe.stop()
 
 
-def seconds(step: Callable[[], Any], sync: Callable[[Any], None]) -> float:
-    """Wall time of one step until the device has finished it."""
-    t = time.perf_counter()
-    sync(step())
-    return time.perf_counter() - t
+def seconds(step: Callable[[], Any], sync: Callable[[Any], None], min_seconds: float = timing.MIN_SECONDS) -> float:
+    """Wall time of one step until the device has finished it, as :mod:`benchmarks.timing` times MLX's."""
+    return timing.seconds(lambda: sync(step()), min_seconds)
 
 
 def measure(step: Callable[[], Any], sync: Callable[[Any], None], probe: Probe, repeats: int) -> dict[str, Any]:
@@ -487,7 +484,7 @@ def measure(step: Callable[[], Any], sync: Callable[[Any], None], probe: Probe, 
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats!r}")
-    warmup = seconds(step, sync)
+    warmup = seconds(step, sync, min_seconds=0)
     peaks = [peak(step, sync, probe) for _ in range(repeats)]
     probe.done()
     times = [seconds(step, sync) for _ in range(repeats)]

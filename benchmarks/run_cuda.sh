@@ -5,8 +5,9 @@
 #   suite       the full benchmark, nuvec_mlx's defaults (one op per CUDA graph), PyTorch and JAX
 #   mlx-graphs  the MLX strategies again with MLX's own CUDA graph size (100 ops on an H200)
 #   budgets     budget sweeps of the seed step, input-only and with weight gradients
+#   budget0     the seed MLP (input gradient) and its depth sweep at budget 0: no run-ahead, and its cost
 set -euo pipefail
-out=${1:?usage: run_cuda.sh OUTDIR [suite|mlx-graphs|budgets|all]}
+out=${1:?usage: run_cuda.sh OUTDIR [suite|mlx-graphs|budgets|budget0|all]}
 part=${2:-all}
 WHEELS=${WHEELS:-/root/stash}
 # The mlx-cuda-13 wheel travels as parts (split -b 45m ... cudapart.): join them first.
@@ -32,4 +33,8 @@ if [ "$part" = budgets ] || [ "$part" = all ]; then
   for wg in "" --weight-grads; do
     run $PY benchmarks/budget_sweep.py $wg --repeats 9 --budgets inf,0,16,64,256 --out "$out/budgets"
   done
+fi
+if [ "$part" = budget0 ] || [ "$part" = all ]; then
+  run $PY benchmarks/peak_memory.py --suite full --models mlp --weight-grads off --budget 0 \
+    --strategies none,none-policy,nuvec --repeats 7 --peers none --out "$out/budget0"
 fi

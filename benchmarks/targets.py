@@ -9,6 +9,8 @@ other shapes is a hint, not the verdict.
 
 from __future__ import annotations
 
+import math
+
 #: (bound on nuvec's peak ratio, bound on its time ratio), against ``none-policy``.
 CHECKPOINT_BOUNDS = {False: (0.25, 1.55), True: (0.30, 1.45)}
 #: ``none-policy`` against ``none``: the policy must not tax plain steps.
@@ -30,7 +32,8 @@ def overall_growth(steps: list[float], depths: list[int]) -> float:
     return sum(g * n for g, n in zip(steps, added)) / sum(added)
 
 
-def checks(rows: list[dict], growth: dict[str, list[float]], depths: list[int]) -> list[str]:
+def checks(rows: list[dict], growth: dict[str, list[float]], depths: list[int],
+           budget: float) -> list[str]:
     """Markdown lines: each target, the measured value and whether it was met.
 
     Args:
@@ -39,6 +42,7 @@ def checks(rows: list[dict], growth: dict[str, list[float]], depths: list[int]) 
             inputs, between consecutive ``depths``, by strategy (empty when no
             sweep ran).
         depths: the depth sweep's numbers of blocks.
+        budget: the budget ``nv.eval`` ran at.
     """
     lines = []
     mlx = [r for r in rows if r["framework"] == "mlx" and r["section"] == "strategies" and "error" not in r]
@@ -57,6 +61,9 @@ def checks(rows: list[dict], growth: dict[str, list[float]], depths: list[int]) 
                                 by["none-policy"]["time_ratio"], POLICY_TIME_BOUND))
             lines.append(_check(f"{what}: plain nv.eval peak / mx.eval peak",
                                 by["none-policy"]["peak_ratio"], 1.0))
+            if budget == math.inf:
+                lines.append("  (at budget inf `nv.eval` runs `mx.eval` itself: these two lines compare "
+                             "one evaluation with itself, and show the measurement's spread)")
     if growth.get("nuvec"):
         lines.append(_check("depth sweep: nuvec peak growth per added block (block inputs, "
                             "shallowest to deepest)", overall_growth(growth["nuvec"], depths), DEPTH_GROWTH_BOUND))

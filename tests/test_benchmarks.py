@@ -1,11 +1,15 @@
 """The benchmark measures what it says, and its smallest run goes end to end."""
 
 import json
+import math
+import time
 
 import mlx.core as mx
 import pytest
 
-from benchmarks import measure, peak_memory, targets, workloads
+import nuvec_mlx as nv
+
+from benchmarks import measure, peak_memory, targets, timing, workloads
 from conftest import assert_close
 
 
@@ -31,6 +35,30 @@ def test_run_cases_summarises_every_case():
     assert results["b"]["peak"]["median"] == 1000
     t = results["a"]["time"]
     assert 0 < t["min"] <= t["median"] <= t["max"]
+
+
+def test_a_short_step_is_timed_as_the_mean_of_steps_that_fill_the_minimum():
+    calls = []
+    per_step = timing.seconds(lambda: calls.append(time.sleep(0.002)), min_seconds=0.05)
+    assert len(calls) >= 1 + 0.05 / 0.01  # the first call, then enough to fill 50 ms
+    assert 0.002 <= per_step < 0.05
+
+
+def test_a_long_step_is_timed_once():
+    calls = []
+    assert timing.seconds(lambda: calls.append(time.sleep(0.02)), min_seconds=0.01) >= 0.02
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize(("text", "nbytes"), [("inf", math.inf), ("0", 0), ("64", 64 << 20), ("0.5", 1 << 19)])
+def test_budget_option_reads_mib_or_inf(text, nbytes):
+    assert measure.parse_budget(text) == nbytes
+
+
+@pytest.mark.parametrize("text", ["-1", "nan", "lots"])
+def test_budget_option_rejects_what_is_not_mib_or_inf(text):
+    with pytest.raises(ValueError):
+        measure.parse_budget(text)
 
 
 def test_summary_is_median_min_max():
@@ -110,6 +138,24 @@ def test_interrupted_run_leaves_its_finished_parts(tmp_path, monkeypatch):
     assert "partial" in (tmp_path / "results.md").read_text()
 
 
+def test_budget_option_is_nv_evals_budget_for_the_run_only(tmp_path, monkeypatch):
+    real, seen = peak_memory.mlx_rows, []
+
+    def record_the_budget(*args):
+        seen.append(nv.memory.current_budget())
+        return real(*args)
+
+    monkeypatch.setattr(peak_memory, "mlx_rows", record_the_budget)
+    default = nv.memory.current_budget()
+    peak_memory.main(["--batch", "16", "--dim", "32", "--blocks", "2", "--models", "mlp", "--weight-grads", "off",
+                      "--strategies", "none,none-policy", "--depths", "", "--repeats", "1", "--peers", "none",
+                      "--budget", "inf", "--out", str(tmp_path)])
+    assert seen == [math.inf] and nv.memory.current_budget() == default
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["environment"]["nv.eval budget"] == "inf (nv.eval runs mx.eval)"
+    assert any("runs `mx.eval` itself" in n for n in saved["notes"])
+
+
 def test_bad_strategy_option_names_the_choices(capsys):
     with pytest.raises(SystemExit):
         peak_memory.main(["--strategies", "none,remat"])
@@ -125,18 +171,26 @@ def fake_row(strategy: str, peak: float, time: float, weight_grads: bool = False
 def test_targets_say_which_were_met_and_by_how_much_one_was_missed():
     rows = peak_memory.add_ratios([fake_row("none", 200, 1.0), fake_row("none-policy", 100, 1.2),
                                    fake_row("nuvec", 25, 1.5)])
-    lines = targets.checks(rows, {"nuvec": [1.0, 1.5]}, [4, 8, 16])
+    lines = targets.checks(rows, {"nuvec": [1.0, 1.5]}, [4, 8, 16], budget=1 << 20)
     text = "\n".join(lines)
     assert "nuvec peak / plain peak (both nv.eval): 0.250 (target <= 0.25): met" in text
     assert "nuvec time / plain time (both nv.eval): 1.250 (target <= 1.55): met" in text
     assert "plain nv.eval time / mx.eval time: 1.200 (target <= 1.1): MISSED by 0.100" in text
     assert "plain nv.eval peak / mx.eval peak: 0.500 (target <= 1): met" in text
     assert "(block inputs, shallowest to deepest): 1.333 (target <= 1.25): MISSED by 0.083" in text
+    assert "compare one evaluation with itself" not in text
+
+
+def test_targets_say_when_nv_eval_was_mx_eval_itself():
+    rows = peak_memory.add_ratios([fake_row("none", 100, 1.0), fake_row("none-policy", 100, 1.3)])
+    text = "\n".join(targets.checks(rows, {}, [], budget=math.inf))
+    assert "plain nv.eval time / mx.eval time: 1.300 (target <= 1.1): MISSED by 0.200" in text
+    assert "at budget inf `nv.eval` runs `mx.eval` itself" in text
 
 
 def test_targets_with_weight_gradients_use_their_own_bounds():
     rows = peak_memory.add_ratios([fake_row("none", 100, 1.0, True), fake_row("none-policy", 100, 1.0, True),
                                    fake_row("nuvec", 29, 1.5, True)])
-    text = "\n".join(targets.checks(rows, {}, []))
+    text = "\n".join(targets.checks(rows, {}, [], budget=0))
     assert "input+weight grads: nuvec peak / plain peak (both nv.eval): 0.290 (target <= 0.3): met" in text
     assert "nuvec time / plain time (both nv.eval): 1.500 (target <= 1.45): MISSED by 0.050" in text
