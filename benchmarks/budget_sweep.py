@@ -21,6 +21,7 @@ if __package__ in (None, ""):
 import nuvec_mlx as nv
 from benchmarks import measure, workloads
 
+
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=4096)
