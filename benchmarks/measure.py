@@ -154,7 +154,6 @@ def environment() -> dict[str, str]:
         "device": mx.device_info().get("device_name", platform.machine()),
         "cpu_count": str(os.cpu_count()),
         "blas": blas() if on_cpu else "n/a (GPU)",
-        "nv.eval budget": budget_text(nv.memory.current_budget()),
         "MLX_MAX_OPS_PER_BUFFER": os.environ.get("MLX_MAX_OPS_PER_BUFFER", "unset (MLX default)"),
         "ranks": str(mx.distributed.init().size()),
         "python": platform.python_version(),

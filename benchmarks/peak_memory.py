@@ -208,7 +208,7 @@ def benchmark(args: argparse.Namespace) -> list[dict]:
     """Measure, report and write what ``args`` asks for, at the budget in force."""
     table_workloads, depth_base = selected(args)
     peers = peers_to_run(args)
-    env = measure.environment()
+    env = {**measure.environment(), "nv.eval budget": measure.budget_text(nv.memory.current_budget())}
     reports = mx.distributed.init().rank() == 0  # under mlx.launch, rank 0 reports every rank's peak
     parts = len(table_workloads) + len(args.depths)
     rows, depth = [], []
