@@ -194,21 +194,22 @@ def notes_for(args: argparse.Namespace, peers: list[str], rows: list[dict], dept
         "each row's `method` in results.json says how its peak was read",
         *depth_notes(growth, depths),
     ]
-    return notes + targets.checks(rows, growth, depths, nv.memory.current_budget())
+    return notes + targets.checks(rows, growth, depths, args.budget)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
-    budget = nv.memory.current_budget() if args.budget is None else args.budget
-    with nv.memory.budget(budget):
+    if args.budget is None:
+        args.budget = nv.memory.current_budget()
+    with nv.memory.budget(args.budget):
         return benchmark(args)
 
 
 def benchmark(args: argparse.Namespace) -> list[dict]:
-    """Measure, report and write what ``args`` asks for, at the budget in force."""
+    """Measure, report and write what ``args`` asks for, inside ``nv.memory.budget(args.budget)``."""
     table_workloads, depth_base = selected(args)
     peers = peers_to_run(args)
-    env = {**measure.environment(), "nv.eval budget": measure.budget_text(nv.memory.current_budget())}
+    env = {**measure.environment(), "nv.eval budget": measure.budget_text(args.budget)}
     reports = mx.distributed.init().rank() == 0  # under mlx.launch, rank 0 reports every rank's peak
     parts = len(table_workloads) + len(args.depths)
     rows, depth = [], []
