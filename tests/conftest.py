@@ -30,16 +30,3 @@ def compiled():
         "(on Linux CPU, g++ must be on PATH)"
     )
     return True
-
-
-def assert_close(actual, expected, rtol=1e-6):
-    """Relative closeness of two arrays (or lists of arrays), measured by max-norm."""
-    if isinstance(expected, (list, tuple)):
-        assert len(actual) == len(expected)
-        for a, e in zip(actual, expected):
-            assert_close(a, e, rtol)
-        return
-    assert actual.shape == expected.shape and actual.dtype == expected.dtype
-    scale = max(mx.abs(expected).max().item(), 1e-30)
-    err = mx.abs(actual - expected).max().item()
-    assert err <= rtol * scale, f"max error {err:.3g} > {rtol:g} x {scale:.3g}"

@@ -10,7 +10,7 @@ import pytest
 import nuvec_mlx as nv
 
 from benchmarks import measure, peak_memory, targets, timing, workloads
-from conftest import assert_close
+from tests.helpers import assert_close
 
 
 def arange_step(n: int, k: int):

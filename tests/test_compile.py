@@ -2,7 +2,7 @@ import mlx.core as mx
 import pytest
 
 import nuvec_mlx as nv
-from tests.conftest import assert_close
+from tests.helpers import assert_close
 
 
 def loss(xs):

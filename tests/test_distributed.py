@@ -20,7 +20,7 @@ import pytest
 
 import distributed_worker as worker
 import nuvec_mlx as nv
-from conftest import assert_close
+from tests.helpers import assert_close
 
 SIZE = 2
 #: Seconds the two ranks may take together (about 10 s on a 2-core CPU).

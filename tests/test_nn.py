@@ -5,7 +5,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 import nuvec_mlx as nv
-from conftest import assert_close
+from tests.helpers import assert_close
 from mlx_lm.models import llama, qwen2, gemma
 
 CFG = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,

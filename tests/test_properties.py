@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import nuvec_mlx as nv
-from tests.conftest import assert_close
+from tests.helpers import assert_close
 
 # Each distinct compiled graph is JIT-compiled anew (g++), so the compiled
 # property draws a quarter of the profile's examples.

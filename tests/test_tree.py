@@ -3,7 +3,7 @@ import mlx.nn as nn
 import pytest
 
 import nuvec_mlx as nv
-from conftest import assert_close
+from tests.helpers import assert_close
 
 
 def test_pytree_args_kwargs_static_and_int():

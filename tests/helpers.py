@@ -1,0 +1,38 @@
+"""Helpers shared by the tests: comparisons that do not hide what they compare."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+
+def assert_close(actual, expected, rtol: float = 1e-6) -> None:
+    """Relative closeness of two arrays (or lists of arrays), measured by max-norm.
+
+    It evaluates both sides (``.item()``): use :func:`assert_evaluated` first
+    where the test is about whether something else evaluated them.
+    """
+    if isinstance(expected, (list, tuple)):
+        assert len(actual) == len(expected)
+        for a, e in zip(actual, expected):
+            assert_close(a, e, rtol)
+        return
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype
+    scale = max(mx.abs(expected).max().item(), 1e-30)
+    err = mx.abs(actual - expected).max().item()
+    assert err <= rtol * scale, f"max error {err:.3g} > {rtol:g} x {scale:.3g}"
+
+
+def lazy_arrays(nbytes: int, count: int = 1) -> list[mx.array]:
+    """``count`` unevaluated float32 arrays of ``nbytes`` each (nothing allocated yet)."""
+    return [mx.full((nbytes // 4,), float(i + 2)) for i in range(count)]
+
+
+def assert_evaluated(before: int, nbytes: int) -> None:
+    """Active memory grew by at least ``nbytes`` since ``before``: arrays were computed.
+
+    MLX allocates an array's buffer only when it is evaluated, so this tells an
+    evaluation that happened from one that did not, without evaluating anything.
+    """
+    mx.synchronize()
+    grown = mx.get_active_memory() - before
+    assert grown >= nbytes, f"active memory grew by {grown} bytes, expected >= {nbytes}: not evaluated"
