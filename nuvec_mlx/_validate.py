@@ -1,33 +1,107 @@
-"""Argument checks shared by the flat transforms: every message names the argument."""
+"""Argument checks: each ``check_*`` returns its value or raises naming the argument.
+
+A wrong *type* raises ``TypeError``, a value of the right type that is out of
+range raises ``ValueError``; every message names the argument and says what
+was expected.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import mlx.core as mx
+import mlx.nn as nn
 
 
-def array_list(xs: object, name: str) -> list[mx.array]:
-    """Return ``xs`` as a list of arrays, or raise a ``TypeError`` naming ``name``."""
+def name_of(fn: object) -> str:
+    """A readable name for a function in error messages."""
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+def is_differentiable(x: mx.array) -> bool:
+    """Whether ``x`` has a floating-point dtype, the only kind MLX differentiates."""
+    return mx.issubdtype(x.dtype, mx.inexact)
+
+
+def check_callable(fn: object, name: str) -> object:
+    """``fn`` if it is callable, else ``TypeError``."""
+    if not callable(fn):
+        raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
+    return fn
+
+
+def check_bool(value: object, name: str) -> bool:
+    """``value`` if it is a bool, else ``TypeError``."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def check_module(module: object, name: str) -> nn.Module:
+    """``module`` if it is an ``mlx.nn.Module``, else ``TypeError``."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"{name} must be an mlx.nn.Module, got {type(module).__name__}")
+    return module
+
+
+def check_int(value: object, name: str, minimum: int) -> int:
+    """``value`` if it is an int (not a bool) of at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_budget(nbytes: object, name: str) -> float:
+    """``nbytes`` if it is a memory budget: an int number of bytes >= 0, or ``math.inf``."""
+    if nbytes == math.inf and isinstance(nbytes, float):
+        return nbytes
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+        raise TypeError(
+            f"{name} must be an int number of bytes or math.inf, "
+            f"got {type(nbytes).__name__} ({nbytes!r})"
+        )
+    if nbytes < 0:
+        raise ValueError(f"{name} must be >= 0 bytes, got {nbytes}")
+    return nbytes
+
+
+def check_array_list(xs: object, name: str) -> list[mx.array]:
+    """``xs`` as a list, if it is a list or tuple of arrays."""
     if isinstance(xs, mx.array) or not isinstance(xs, (list, tuple)):
         raise TypeError(
             f"{name} must be a list or tuple of mlx.core.array, got {type(xs).__name__}"
         )
     for i, x in enumerate(xs):
         if not isinstance(x, mx.array):
-            raise TypeError(
-                f"{name}[{i}] must be an mlx.core.array, got {type(x).__name__}"
-            )
+            raise TypeError(f"{name}[{i}] must be an mlx.core.array, got {type(x).__name__}")
     return list(xs)
 
 
-def outputs(out: object, fn: object) -> list[mx.array]:
-    """Check that ``fn`` returned a list or tuple of arrays."""
-    return array_list(out, f"the value returned by fn ({_name(fn)})")
+def check_outputs(out: object, fn: object) -> list[mx.array]:
+    """What a flat ``fn`` returned, if it is a list or tuple of arrays."""
+    return check_array_list(out, f"the value returned by fn ({name_of(fn)})")
 
 
-def argnums(argnums: int | Sequence[int], n: int | None) -> list[int]:
-    """Normalise ``argnums`` against ``n`` inputs: ints, in range, not repeated.
+def check_scalar(value: object, loss: object) -> mx.array:
+    """What ``loss`` returned, if it is a scalar array."""
+    if not isinstance(value, mx.array):
+        raise TypeError(
+            f"loss ({name_of(loss)}) must return a scalar mlx.core.array, "
+            f"got {type(value).__name__}"
+        )
+    if value.ndim != 0:
+        raise ValueError(
+            f"loss ({name_of(loss)}) must return a scalar (shape ()), "
+            f"got an array of shape {tuple(value.shape)}"
+        )
+    return value
+
+
+def check_argnums(argnums: object, n: int | None) -> list[int]:
+    """``argnums`` normalised against ``n`` inputs: ints, in range, not repeated.
 
     With ``n=None`` (the number of inputs not yet known) only the types, the
     emptiness and the repeats of non-negative entries are checked.
@@ -39,7 +113,6 @@ def argnums(argnums: int | Sequence[int], n: int | None) -> list[int]:
         )
     if len(items) == 0:
         raise ValueError("argnums must name at least one input, got an empty sequence")
-    result = []
     for a in items:
         if isinstance(a, bool) or not isinstance(a, int):
             raise TypeError(f"argnums must hold ints, got {type(a).__name__} ({a!r})")
@@ -53,43 +126,13 @@ def argnums(argnums: int | Sequence[int], n: int | None) -> list[int]:
             f"xs is empty, but argnums {list(items)} selects inputs to differentiate: "
             "pass at least one array in xs"
         )
+    result: list[int] = []
     for a in items:
         if not -n <= a < n:
             raise ValueError(
                 f"argnums entry {a} is out of range for {n} inputs (expected -{n} <= i < {n})"
             )
-        i = a % n
-        if i in result:
-            raise ValueError(f"argnums names input {i} more than once: {list(items)}")
-        result.append(i)
+        if a % n in result:
+            raise ValueError(f"argnums names input {a % n} more than once: {list(items)}")
+        result.append(a % n)
     return result
-
-
-def is_differentiable(x: mx.array) -> bool:
-    """Whether ``x`` has a floating-point dtype, the only kind MLX differentiates."""
-    return mx.issubdtype(x.dtype, mx.inexact)
-
-
-def _name(fn: object) -> str:
-    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
-
-
-def callable_(fn: object, name: str) -> None:
-    """Raise a ``TypeError`` unless ``fn`` is callable."""
-    if not callable(fn):
-        raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
-
-
-def scalar(value: object, loss: object) -> mx.array:
-    """Check that ``loss`` returned a scalar array."""
-    if not isinstance(value, mx.array):
-        raise TypeError(
-            f"loss ({_name(loss)}) must return a scalar mlx.core.array, "
-            f"got {type(value).__name__}"
-        )
-    if value.ndim != 0:
-        raise ValueError(
-            f"loss ({_name(loss)}) must return a scalar (shape ()), "
-            f"got an array of shape {tuple(value.shape)}"
-        )
-    return value

@@ -1,4 +1,4 @@
-"""A gradient checkpoint that keeps its saving when the whole step is compiled.
+"""The checkpoint: a block's activations recomputed in the backward pass, also under compile.
 
 :func:`mlx.core.checkpoint` recomputes a block from its inputs and forward
 outputs, so the evaluator is free to run the recomputation long before the
@@ -10,6 +10,9 @@ subexpression elimination cannot merge it with the forward pass. The gradients
 a block returns also depend on one another (the "chain"), so that a block's
 parameter gradients are finished before the cotangent moves on to the previous
 block and its recomputed activations can be freed.
+
+:func:`checkpoint_flat` is that mechanism for flat functions; :func:`checkpoint`
+puts functions of pytrees, and the modules they capture, through it.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ import contextlib
 import contextvars
 import functools
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import mlx.core as mx
 
-from . import _validate
+from . import _capture, _flat, _pytree, _random, _validate
 
 FlatFn = Callable[[list[mx.array]], Sequence[mx.array]]
 
@@ -42,32 +46,56 @@ def constant_inputs(arrays: Sequence[mx.array]) -> Iterator[None]:
         _constants.reset(token)
 
 
-def _key_list() -> list:
-    """The calling thread's random-state list, whose only item is the current key.
-
-    ``mx.random.state`` is a read-only view of it in MLX 0.32; its iterator is
-    the one public handle that reaches the list itself.
-    """
-    state = iter(mx.random.state).__reduce__()[1][0]
-    if not isinstance(state, list) or len(state) != 1:
-        raise RuntimeError("nuvec_mlx cannot reach mx.random.state's key in this MLX version")
-    return state
-
-
-@contextlib.contextmanager
-def _random_key(key: mx.array) -> Iterator[None]:
-    """Draw random numbers from ``key`` inside, and leave the global state as it was."""
-    state = _key_list()
-    saved = state[0]
-    state[0] = key
-    try:
-        yield
-    finally:
-        state[0] = saved
-
-
 def _signature(arrays: Sequence[mx.array]) -> list[tuple[tuple[int, ...], mx.Dtype]]:
     return [(tuple(a.shape), a.dtype) for a in arrays]
+
+
+def _chain(grads: list[mx.array], wanted: list[int]) -> list[mx.array]:
+    """Make the wanted gradients depend on one another: none is done before all are."""
+    if len(wanted) < 2:
+        return grads
+    chained = mx.depends([grads[k] for k in wanted], [grads[k] for k in wanted])
+    return _flat.substitute(grads, wanted, chained)
+
+
+class _Call:
+    """One call of a checkpointed ``fn``: its inputs, and the rules ``mx.custom_function`` runs."""
+
+    def __init__(self, fn: FlatFn, xs: list[mx.array]):
+        self.fn, self.xs = fn, xs
+        self.diff = [i for i, x in enumerate(xs) if _validate.is_differentiable(x)]
+        constants = _constants.get()
+        # Positions (within diff) of the primals whose gradients are wanted.
+        self.wanted = [k for k, i in enumerate(self.diff) if not any(xs[i] is c for c in constants)]
+        self.key = _random.key()  # the forward's draws, replayed by the recomputation
+        self.signature: list = []
+
+    def run(self, primals: Sequence[mx.array]) -> list[mx.array]:
+        return _validate.check_outputs(self.fn(_flat.substitute(self.xs, self.diff, primals)), self.fn)
+
+    def forward(self, *primals: mx.array) -> list[mx.array]:
+        out = self.run(primals)
+        self.signature = _signature(out)
+        return out
+
+    def recompute(self, *primals: mx.array) -> list[mx.array]:
+        with _random.drawing_from(self.key):
+            out = self.run(primals)
+        if _signature(out) != self.signature:
+            raise ValueError(
+                f"checkpoint_flat: fn ({_validate.name_of(self.fn)}) returned outputs "
+                f"{_signature(out)} when recomputed in the backward pass, but "
+                f"{self.signature} in the forward pass; fn must return the same "
+                "number, shapes and dtypes of outputs every time"
+            )
+        return out
+
+    def backward(self, primals: Any, cotangents: Sequence[mx.array], outputs: Any) -> list[mx.array]:
+        primals = [primals] if isinstance(primals, mx.array) else list(primals)
+        # Read through the cotangents: the recomputation waits for the backward pass.
+        primals = mx.depends(primals, list(cotangents))
+        grads = list(mx.vjp(self.recompute, primals, list(cotangents))[1])
+        return _chain(grads, self.wanted)
 
 
 def checkpoint_flat(fn: FlatFn) -> Callable[[Sequence[mx.array]], list[mx.array]]:
@@ -89,59 +117,68 @@ def checkpoint_flat(fn: FlatFn) -> Callable[[Sequence[mx.array]], list[mx.array]
         >>> block = nv.checkpoint_flat(lambda xs: [mx.tanh(xs[0] @ xs[1])])
         >>> h = block([x, w])[0]
     """
-    _validate.callable_(fn, "fn")
+    _validate.check_callable(fn, "fn")
 
     @functools.wraps(fn)
     def checkpointed(xs: Sequence[mx.array]) -> list[mx.array]:
-        xs = _validate.array_list(xs, "xs")
-        diff = [i for i, x in enumerate(xs) if _validate.is_differentiable(x)]
-        constants = _constants.get()
-        # Positions (within diff) of the primals whose gradients are wanted.
-        wanted = [
-            k for k, i in enumerate(diff) if not any(xs[i] is c for c in constants)
-        ]
-        key = mx.random.state[0]
-        forward_signature = []
+        call = _Call(fn, _validate.check_array_list(xs, "xs"))
+        if not call.diff:
+            return call.run([])
+        block = mx.custom_function(call.forward)
+        block.vjp(call.backward)
+        return list(block(*(call.xs[i] for i in call.diff)))
 
-        def run(primals: Sequence[mx.array]) -> list[mx.array]:
-            full = list(xs)
-            for i, p in zip(diff, primals):
-                full[i] = p
-            return _validate.outputs(fn(full), fn)
+    return checkpointed
 
-        def forward(*primals: mx.array) -> list[mx.array]:
-            out = run(primals)
-            forward_signature[:] = _signature(out)
-            return out
 
-        def recompute(*primals: mx.array) -> list[mx.array]:
-            with _random_key(key):
-                out = run(primals)
-            if _signature(out) != forward_signature:
-                raise ValueError(
-                    f"checkpoint_flat: fn ({_validate._name(fn)}) returned outputs "
-                    f"{_signature(out)} when recomputed in the backward pass, but "
-                    f"{forward_signature} in the forward pass; fn must return the "
-                    "same number, shapes and dtypes of outputs every time"
-                )
-            return out
+def checkpoint(fn: Callable | None = None, *, allow_captured: bool = False) -> Callable:
+    """Checkpoint a function of pytrees: same values and gradients, less memory.
 
-        block = mx.custom_function(forward)
+    Usable as ``@nv.checkpoint`` or ``@nv.checkpoint(allow_captured=True)``.
+    Positional and keyword arguments may be arrays or nested lists, tuples and
+    dicts of arrays; non-array leaves are static. Integer and bool arrays are
+    not differentiated. Random draws repeat identically on recomputation,
+    eagerly and under compile (with ``mx.random.state`` as compile state).
 
-        @block.vjp
-        def backward(primals, cotangents, outputs):
-            primals = [primals] if isinstance(primals, mx.array) else list(primals)
-            cotangents = list(cotangents)
-            primals = mx.depends(primals, cotangents)
-            grads = list(mx.vjp(recompute, primals, cotangents)[1])
-            if len(wanted) > 1:
-                chained = mx.depends([grads[k] for k in wanted], [grads[k] for k in wanted])
-                for k, g in zip(wanted, chained):
-                    grads[k] = g
-            return grads
+    Captured state: ``nn.Module`` objects that ``fn`` reaches directly (``fn``
+    itself, a bound method's ``self``, a closure cell, or a global name the
+    code of ``fn`` references) contribute their *trainable* parameters as
+    primals, so their gradients are correct; frozen parameters are constants.
+    Floating ``mx.array`` values captured the same way raise ``ValueError``
+    (their gradients would silently be zero): pass them as arguments, or pass
+    ``allow_captured=True`` to treat them as constants knowingly. Only
+    ``fn``'s own closure and globals are inspected, not those of functions it
+    calls nor attributes of other objects.
 
-        if not diff:
-            return run([])
-        return list(block(*(xs[i] for i in diff)))
+    Args:
+        fn: the function to checkpoint (may also be an ``nn.Module``).
+        allow_captured: treat captured floating arrays as constants (zero
+            gradient) instead of raising.
+
+    Returns:
+        A function with the signature, values and gradients of ``fn``.
+
+    Example:
+        >>> @nv.checkpoint
+        ... def block(x, params, scale=2.0):
+        ...     return {"h": mx.tanh(x @ params["w"]) * scale}
+        >>> out = block(x, {"w": w})["h"]
+    """
+    _validate.check_bool(allow_captured, "allow_captured")
+    if fn is None:
+        return functools.partial(checkpoint, allow_captured=allow_captured)
+    _validate.check_callable(fn, "fn")
+    modules, arrays = _capture.captured(fn)
+    if arrays and not allow_captured:
+        raise ValueError(
+            f"checkpoint: fn ({_validate.name_of(fn)}) captures floating-point "
+            f"mx.array values ({', '.join(arrays)}); their gradients would silently "
+            "be zero. Pass them as arguments, or use allow_captured=True to treat "
+            "them as constants"
+        )
+
+    @functools.wraps(fn)
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        return _pytree.call_flat(checkpoint_flat, fn, args, kwargs, modules)
 
     return checkpointed

@@ -22,10 +22,11 @@ import math
 import os
 import threading
 
-import mlx.core as mx
-from mlx.utils import tree_flatten
+from typing import Any
 
-from . import memory
+import mlx.core as mx
+
+from . import _validate, memory
 
 # mx.set_memory_limit is process-wide: evaluations that set it take turns.
 _limit_lock = threading.RLock()
@@ -34,12 +35,14 @@ if mx.cuda.is_available():
     os.environ.setdefault("MLX_MAX_OPS_PER_BUFFER", "1")
 
 
-def eval(arrays: object, *, budget: int | float | None = None) -> None:
-    """Evaluate arrays within a memory budget.
+def eval(*arrays: Any, budget: int | float | None = None) -> None:
+    """Evaluate arrays as :func:`mlx.core.eval` does, within a memory budget.
 
     Args:
-        arrays: an array, or a list, tuple or dict (nested as deep as you like)
-            of arrays.
+        arrays: what :func:`mlx.core.eval` takes: arrays, or lists, tuples and
+            dicts of them nested as deep as you like (``nn.Module`` state,
+            ``mx.random.state`` included); leaves that are not arrays are
+            ignored.
         budget: bytes above the currently active memory that the evaluation
             may use before the evaluator waits for queued work; ``None`` uses
             the budget in force (:func:`nuvec_mlx.memory.budget`), ``math.inf``
@@ -48,13 +51,12 @@ def eval(arrays: object, *, budget: int | float | None = None) -> None:
     The memory limit is restored afterwards, also when evaluation raises.
 
     Example:
-        >>> nv.eval(step(xs))
+        >>> nv.eval(loss, grads)
         >>> nv.eval({"loss": loss, "grads": grads}, budget=64 << 20)
     """
-    leaves = _leaves(arrays)
-    nbytes = memory.current_budget() if budget is None else memory.check_budget(budget, "budget")
+    nbytes = memory.current_budget() if budget is None else _validate.check_budget(budget, "budget")
     if nbytes == math.inf:
-        mx.eval(leaves)
+        mx.eval(*arrays)
         return
     with _limit_lock:
         mx.synchronize()
@@ -62,23 +64,6 @@ def eval(arrays: object, *, budget: int | float | None = None) -> None:
         # Never loosen a tighter limit the user set.
         mx.set_memory_limit(min(previous, mx.get_active_memory() + int(nbytes)))
         try:
-            mx.eval(leaves)
+            mx.eval(*arrays)
         finally:
             mx.set_memory_limit(previous)
-
-
-def _leaves(arrays: object) -> list[mx.array]:
-    if isinstance(arrays, mx.array):
-        return [arrays]
-    if not isinstance(arrays, (list, tuple, dict)):
-        raise TypeError(
-            "arrays must be an mlx.core.array or a list, tuple or dict of them, "
-            f"got {type(arrays).__name__}"
-        )
-    leaves = tree_flatten(arrays)
-    for path, leaf in leaves:
-        if not isinstance(leaf, mx.array):
-            raise TypeError(
-                f"arrays[{path!r}] must be an mlx.core.array, got {type(leaf).__name__}"
-            )
-    return [leaf for _, leaf in leaves]

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 
 import mlx.core as mx
 
+from . import _validate
+
 #: The default evaluation budget on CPU and Metal, in bytes: see :func:`budget`.
 DEFAULT_BUDGET = 1 << 20
 
@@ -93,8 +95,7 @@ def measure(clear_cache: bool = True) -> Iterator[Measurement]:
         ...     nv.eval(step(xs))
         >>> m.peak  # bytes
     """
-    if not isinstance(clear_cache, bool):
-        raise TypeError(f"clear_cache must be a bool, got {type(clear_cache).__name__}")
+    _validate.check_bool(clear_cache, "clear_cache")
     mx.synchronize()
     if clear_cache:
         mx.clear_cache()
@@ -106,20 +107,6 @@ def measure(clear_cache: bool = True) -> Iterator[Measurement]:
         mx.synchronize()
         m.end = mx.get_active_memory()
         m.peak = max(0, mx.get_peak_memory() - m.start)
-
-
-def check_budget(nbytes: object, name: str = "nbytes") -> float:
-    """Return ``nbytes`` if it is a valid budget: an int >= 0, or ``math.inf``."""
-    if nbytes == math.inf and isinstance(nbytes, float):
-        return nbytes
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
-        raise TypeError(
-            f"{name} must be an int number of bytes or math.inf, "
-            f"got {type(nbytes).__name__} ({nbytes!r})"
-        )
-    if nbytes < 0:
-        raise ValueError(f"{name} must be >= 0 bytes, got {nbytes}")
-    return nbytes
 
 
 @contextlib.contextmanager
@@ -141,7 +128,7 @@ def budget(nbytes: int | float) -> Iterator[None]:
         >>> with nv.memory.budget(64 << 20):
         ...     nv.eval(step(xs))
     """
-    token = _budget.set(check_budget(nbytes))
+    token = _budget.set(_validate.check_budget(nbytes, "nbytes"))
     try:
         yield
     finally:

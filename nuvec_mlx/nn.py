@@ -1,4 +1,4 @@
-"""Checkpointing helpers for ``mlx.nn`` modules, built on :func:`nuvec_mlx.checkpoint`.
+"""Checkpointing helpers for ``mlx.nn`` modules, built on :func:`nuvec_mlx.checkpoint_flat`.
 
 ``checkpoint_module`` works per instance: it swaps the instance's class for a
 cached subclass whose ``__call__`` runs checkpointed (``type(m).__call__`` of
@@ -13,7 +13,8 @@ from typing import Any
 
 import mlx.nn as nn
 
-from .tree import call_checkpointed
+from . import _pytree, _validate
+from .checkpoint import checkpoint_flat
 
 _subclasses: dict[type, type] = {}
 
@@ -21,8 +22,8 @@ _subclasses: dict[type, type] = {}
 def _checkpointed_class(cls: type) -> type:
     if cls not in _subclasses:
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            return call_checkpointed(
-                lambda *a, **k: cls.__call__(self, *a, **k), args, kwargs, [self]
+            return _pytree.call_flat(
+                checkpoint_flat, lambda *a, **k: cls.__call__(self, *a, **k), args, kwargs, [self]
             )
         _subclasses[cls] = type(cls.__name__, (cls,), {
             "__call__": __call__, "_nuvec_original_class": cls,
@@ -31,7 +32,13 @@ def _checkpointed_class(cls: type) -> type:
 
 
 def is_checkpointed(module: nn.Module) -> bool:
-    """Whether ``module`` was wrapped by :func:`checkpoint_module`."""
+    """Whether ``module`` was wrapped by :func:`checkpoint_module`.
+
+    Example:
+        >>> nv.is_checkpointed(nv.checkpoint_module(nn.Linear(2, 2)))
+        True
+    """
+    _validate.check_module(module, "module")
     return "_nuvec_original_class" in type(module).__dict__
 
 
@@ -51,10 +58,8 @@ def checkpoint_module(module: nn.Module, enable: bool = True) -> nn.Module:
     Example:
         >>> nv.checkpoint_module(model.layers[0])
     """
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"module must be an mlx.nn.Module, got {type(module).__name__}")
-    if not isinstance(enable, bool):
-        raise TypeError(f"enable must be a bool, got {type(enable).__name__}")
+    _validate.check_module(module, "module")
+    _validate.check_bool(enable, "enable")
     if enable and not is_checkpointed(module):
         module.__class__ = _checkpointed_class(type(module))
     elif not enable and is_checkpointed(module):
@@ -100,13 +105,12 @@ def checkpoint_layers(
         >>> nv.checkpoint_layers(model)            # every block
         >>> nv.checkpoint_layers(model, enable=False)
     """
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise ValueError(f"every must be an int >= 1, got {every!r}")
-    blocks = _find_layers(model, layers)
+    _validate.check_module(model, "model")
+    _validate.check_int(every, "every", minimum=1)
+    _validate.check_bool(enable, "enable")
+    blocks = [_validate.check_module(b, f"layers[{i}]") for i, b in enumerate(_find_layers(model, layers))]
     count = 0
     for i, block in enumerate(blocks):
-        if not isinstance(block, nn.Module):
-            raise TypeError(f"layers[{i}] must be an mlx.nn.Module, got {type(block).__name__}")
         if i % every == 0 and is_checkpointed(block) != enable:
             checkpoint_module(block, enable)
             count += 1
@@ -129,14 +133,25 @@ def checkpoint_sequential(
     Example:
         >>> run = nv.checkpoint_sequential(model.layers, "sqrt")
     """
+    if isinstance(layers, nn.Sequential):
+        layers = layers.layers
+    if isinstance(layers, nn.Module) or not isinstance(layers, Sequence):
+        raise TypeError(
+            f"layers must be an nn.Sequential or a list or tuple of layers, got {type(layers).__name__}"
+        )
     layers = list(layers)
     if not layers:
         raise ValueError("layers must hold at least one layer, got none")
+    for i, layer in enumerate(layers):
+        _validate.check_callable(layer, f"layers[{i}]")
     n = len(layers)
     if segments == "sqrt":
         segments = math.ceil(math.sqrt(n))
-    if isinstance(segments, bool) or not isinstance(segments, int) or not 1 <= segments <= n:
-        raise ValueError(f"segments must be 'sqrt' or an int in [1, {n}], got {segments!r}")
+    if isinstance(segments, str):
+        raise ValueError(f"segments must be 'sqrt' or an int, got {segments!r}")
+    _validate.check_int(segments, "segments", minimum=1)
+    if segments > n:
+        raise ValueError(f"segments must be at most the {n} layers, got {segments}")
     size = math.ceil(n / segments)
     groups = [layers[i:i + size] for i in range(0, n, size)]
 
@@ -147,7 +162,7 @@ def checkpoint_sequential(
                     h = layer(h)
                 return h
             mods = [m for m in group if isinstance(m, nn.Module)]
-            x = call_checkpointed(seg, (x,), {}, mods)
+            x = _pytree.call_flat(checkpoint_flat, seg, (x,), {}, mods)
         return x
 
     return run

@@ -28,11 +28,12 @@ def lazy_arrays(nbytes: int, count: int = 1) -> list[mx.array]:
 
 
 def assert_evaluated(before: int, nbytes: int) -> None:
-    """Active memory grew by at least ``nbytes`` since ``before``: arrays were computed.
+    """Active memory grew by about ``nbytes`` since ``before``: arrays were computed.
 
     MLX allocates an array's buffer only when it is evaluated, so this tells an
     evaluation that happened from one that did not, without evaluating anything.
+    A little slack (4 KiB) allows for small inputs the evaluation freed.
     """
     mx.synchronize()
     grown = mx.get_active_memory() - before
-    assert grown >= nbytes, f"active memory grew by {grown} bytes, expected >= {nbytes}: not evaluated"
+    assert grown >= nbytes - 4096, f"active memory grew by {grown} bytes, expected >= {nbytes}: not evaluated"

@@ -3,6 +3,7 @@
 import math
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 
 import nuvec_mlx as nv
@@ -83,11 +84,49 @@ CATALOGUE = [
     ("checkpointed: fn returns other shapes when recomputed",
      lambda: nv.grad_flat(lambda xs: changes_shape_when_recomputed()(xs)[0].sum(), 0)([a]),
      ValueError, r"fn \(.*\) returned outputs .* when recomputed in the backward pass, but .* in the forward pass"),
-    # eval
-    ("eval: arrays a float", lambda: nv.eval(3.0),
-     TypeError, r"^arrays must be an mlx.core.array or a list, tuple or dict of them, got float$"),
-    ("eval: arrays holds None", lambda: nv.eval({"a": [a, None]}),
-     TypeError, r"^arrays\['a.1'\] must be an mlx.core.array, got NoneType$"),
+    # checkpoint
+    ("checkpoint: fn not callable", lambda: nv.checkpoint(3),
+     TypeError, r"^fn must be callable, got int$"),
+    ("checkpoint: allow_captured not a bool", lambda: nv.checkpoint(total, allow_captured=1),
+     TypeError, r"^allow_captured must be a bool, got int$"),
+    ("checkpoint: fn captures a floating array", lambda: nv.checkpoint(lambda x: x * a),
+     ValueError, r"^checkpoint: fn \(.*\) captures floating-point mx.array values \(global 'a'\); their gradients"),
+    ("checkpointed: fn returns a string leaf", lambda: nv.checkpoint(lambda x: [x, "s"])(a),
+     TypeError, r"^checkpoint: fn \(.*\) must return arrays .*; output leaf 1 is str$"),
+    # checkpoint_module, is_checkpointed
+    ("checkpoint_module: not a module", lambda: nv.checkpoint_module(lambda x: x),
+     TypeError, r"^module must be an mlx.nn.Module, got function$"),
+    ("checkpoint_module: enable not a bool", lambda: nv.checkpoint_module(nn.Linear(2, 2), enable="no"),
+     TypeError, r"^enable must be a bool, got str$"),
+    ("is_checkpointed: not a module", lambda: nv.is_checkpointed(3),
+     TypeError, r"^module must be an mlx.nn.Module, got int$"),
+    # checkpoint_layers
+    ("checkpoint_layers: model not a module", lambda: nv.checkpoint_layers([nn.Linear(2, 2)]),
+     TypeError, r"^model must be an mlx.nn.Module, got list$"),
+    ("checkpoint_layers: every a float", lambda: nv.checkpoint_layers(nn.Sequential(), every=1.0),
+     TypeError, r"^every must be an int, got float \(1.0\)$"),
+    ("checkpoint_layers: every zero", lambda: nv.checkpoint_layers(nn.Sequential(), every=0),
+     ValueError, r"^every must be >= 1, got 0$"),
+    ("checkpoint_layers: no layers to find", lambda: nv.checkpoint_layers(nn.Linear(2, 2)),
+     ValueError, r"^layers=None expects model.layers or model.model.layers"),
+    ("checkpoint_layers: layers of another kind", lambda: nv.checkpoint_layers(nn.Linear(2, 2), layers="all"),
+     TypeError, r"^layers must be None, a list of modules or a predicate, got str$"),
+    ("checkpoint_layers: a layer not a module", lambda: nv.checkpoint_layers(nn.Linear(2, 2), layers=[nn.Linear(2, 2), 3]),
+     TypeError, r"^layers\[1\] must be an mlx.nn.Module, got int$"),
+    # checkpoint_sequential
+    ("checkpoint_sequential: layers not a sequence", lambda: nv.checkpoint_sequential(nn.Linear(2, 2)),
+     TypeError, r"^layers must be an nn.Sequential or a list or tuple of layers, got Linear$"),
+    ("checkpoint_sequential: no layers", lambda: nv.checkpoint_sequential([]),
+     ValueError, r"^layers must hold at least one layer, got none$"),
+    ("checkpoint_sequential: a layer not callable", lambda: nv.checkpoint_sequential([nn.Linear(2, 2), 3]),
+     TypeError, r"^layers\[1\] must be callable, got int$"),
+    ("checkpoint_sequential: segments a float", lambda: nv.checkpoint_sequential([nn.Linear(2, 2)], 1.0),
+     TypeError, r"^segments must be an int, got float \(1.0\)$"),
+    ("checkpoint_sequential: segments an unknown word", lambda: nv.checkpoint_sequential([nn.Linear(2, 2)], "log"),
+     ValueError, r"^segments must be 'sqrt' or an int, got 'log'$"),
+    ("checkpoint_sequential: more segments than layers", lambda: nv.checkpoint_sequential([nn.Linear(2, 2)], 2),
+     ValueError, r"^segments must be at most the 1 layers, got 2$"),
+    # eval (it takes whatever mx.eval takes: only its budget can be wrong)
     ("eval: budget negative", lambda: nv.eval(a, budget=-1),
      ValueError, r"^budget must be >= 0 bytes, got -1$"),
     ("eval: budget a fraction", lambda: nv.eval(a, budget=1.5),
@@ -105,6 +144,14 @@ CATALOGUE = [
      TypeError, r"^nbytes must be an int number of bytes or math.inf, got bool \(True\)$"),
     ("memory.measure: clear_cache not a bool", lambda: enter(nv.memory.measure(clear_cache="yes")),
      TypeError, r"^clear_cache must be a bool, got str$"),
+    ("memory.all_stats: group not a Group", lambda: nv.memory.all_stats(group=0),
+     TypeError, r"^group must be an mlx.core.distributed.Group or None, got int$"),
+    ("memory.stats: an argument", lambda: nv.memory.stats(True),
+     TypeError, r"stats\(\) takes 0 positional arguments but 1 was given$"),
+    ("memory.reset_peak: an argument", lambda: nv.memory.reset_peak(0),
+     TypeError, r"reset_peak\(\) takes 0 positional arguments but 1 was given$"),
+    ("memory.current_budget: an argument", lambda: nv.memory.current_budget(0),
+     TypeError, r"current_budget\(\) takes 0 positional arguments but 1 was given$"),
 ]
 
 
@@ -113,6 +160,17 @@ def test_misuse_raises_a_precise_error(misuse, error, match):
     with pytest.raises(error, match=match) as info:
         misuse()
     assert type(info.value) is error
+
+
+PUBLIC = [*(n for n in nv.__all__ if n not in ("memory", "CompiledFlat")),
+          *(f"memory.{n}" for n in ("stats", "reset_peak", "measure", "budget", "current_budget", "all_stats"))]
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_every_public_function_has_a_catalogue_entry(name):
+    covered = {c[0].split(":")[0] for c in CATALOGUE}
+    aliases = {"checkpointed": "checkpoint_flat", "compiled step": "compile_flat"}
+    assert name in covered | {aliases.get(n, n) for n in covered}
 
 
 def test_misuses_leave_the_budget_and_memory_limit_as_they_were():

@@ -42,8 +42,10 @@ def test_gradients_equal(arch):
     g0 = grads(m, x)
     assert nv.checkpoint_layers(m) == 2
     assert_close(grads(m, x), g0, 1e-5)
+    original = type(make(arch).layers[0])
+    assert all(type(layer) is not original and isinstance(layer, original) for layer in m.layers)
     assert nv.checkpoint_layers(m, enable=False) == 2
-    assert type(m.layers[0]).__call__ is type(m.layers[0]).__mro__[0].__call__
+    assert all(type(layer) is original and not nv.is_checkpointed(layer) for layer in m.layers)
 
 
 def test_instance_level_and_every():
@@ -66,6 +68,16 @@ def test_checkpoint_sequential_sqrt():
     assert_close([v for _, v in tree_flatten(g1)], [v for _, v in tree_flatten(g0)], 1e-5)
     with pytest.raises(ValueError, match="segments"):
         nv.checkpoint_sequential(layers, 9)
+
+
+def test_checkpoint_sequential_takes_an_nn_sequential():
+    mx.random.seed(2)
+    model = nn.Sequential(*(nn.Linear(8, 8) for _ in range(4)))
+    x = mx.random.normal((3, 8))
+    run = nv.checkpoint_sequential(model, 2)
+    g0 = nn.value_and_grad(model, lambda m, x: model(x).sum())(model, x)[1]
+    g1 = nn.value_and_grad(model, lambda m, x: run(x).sum())(model, x)[1]
+    assert_close([v for _, v in tree_flatten(g1)], [v for _, v in tree_flatten(g0)], 1e-5)
 
 
 def test_lora_only_adapters_train():

@@ -39,7 +39,21 @@ def test_captured_array_raises():
     w = mx.ones((4,))
     with pytest.raises(ValueError, match="captures floating-point"):
         nv.checkpoint(lambda x: x * w)
-    nv.checkpoint(lambda x: x * w, allow_captured=True)
+
+
+def test_allow_captured_makes_a_captured_array_a_constant():
+    x, w = mx.array([1.0, -2.0, 3.0]), mx.array([0.5, 4.0, -1.0])
+
+    def loss(x, w, checkpointed):
+        f = lambda x: mx.sin(x * w)
+        f = nv.checkpoint(f, allow_captured=True) if checkpointed else f
+        return f(x).sum()
+
+    assert_close(nv.checkpoint(lambda x: mx.sin(x * w), allow_captured=True)(x), mx.sin(x * w))
+    gx, gw = mx.grad(loss, argnums=[0, 1])(x, w, True)
+    assert_close(gx, mx.grad(loss)(x, w, False))  # the argument is differentiated
+    assert mx.array_equal(gw, mx.zeros_like(w)).item()  # the captured array is a constant
+    assert not mx.array_equal(mx.grad(loss, argnums=1)(x, w, False), mx.zeros_like(w)).item()
 
 
 def test_errors():
