@@ -25,7 +25,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from . import _capture, _flat, _pytree, _random, _validate
+from . import _capture, _flat, _pytree, _random, _stages, _validate
 
 FlatFn = Callable[[list[mx.array]], Sequence[mx.array]]
 
@@ -76,7 +76,7 @@ class _Call:
     def forward(self, *primals: mx.array) -> list[mx.array]:
         out = self.run(primals)
         self.signature = _signature(out)
-        return out
+        return _stages.mark(out)
 
     def recompute(self, *primals: mx.array) -> list[mx.array]:
         with _random.drawing_from(self.key):
@@ -94,8 +94,8 @@ class _Call:
         primals = [primals] if isinstance(primals, mx.array) else list(primals)
         # Read through the cotangents: the recomputation waits for the backward pass.
         primals = mx.depends(primals, list(cotangents))
-        grads = list(mx.vjp(self.recompute, primals, list(cotangents))[1])
-        return _chain(grads, self.wanted)
+        grads = _chain(list(mx.vjp(self.recompute, primals, list(cotangents))[1]), self.wanted)
+        return _stages.mark(grads)  # nv.eval waits here: one block at a time
 
 
 def checkpoint_flat(fn: FlatFn) -> Callable[[Sequence[mx.array]], list[mx.array]]:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 
-from . import _random, _validate
+from . import _random, _stages, _validate
 
 FlatFn = Callable[[list[mx.array]], Sequence[mx.array]]
 
@@ -34,15 +34,19 @@ class CompiledFlat:
         state = [mx.random.state]
         self._compiled = mx.compile(self._trace, inputs=state, outputs=state)
 
-    def _trace(self, *xs: mx.array) -> tuple[mx.array, ...]:
+    def _trace(self, *xs: mx.array) -> tuple[list[mx.array], list[mx.array]]:
         self.traces += 1
-        return tuple(_validate.check_outputs(self._fn(list(xs)), self._fn))
+        with _stages.collecting() as stages:
+            out = _validate.check_outputs(self._fn(list(xs)), self._fn)
+        return out, list(stages)  # the stages come out as hidden outputs
 
     def __call__(self, xs: Sequence[mx.array]) -> list[mx.array]:
         xs = _validate.check_array_list(xs, "xs")
         # A trace that raises leaves MLX's placeholder key behind.
         with _random.restored_on_error():
-            return list(self._compiled(*xs))
+            out, stages = self._compiled(*xs)
+        _stages.hand_on(out, stages)
+        return list(out)
 
 
 def compile_flat(fn: FlatFn) -> CompiledFlat:

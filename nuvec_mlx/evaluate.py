@@ -18,15 +18,16 @@ or set the variable yourself.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
-
+from collections.abc import Iterator
 from typing import Any
 
 import mlx.core as mx
 
-from . import _validate, memory
+from . import _stages, _validate, memory
 
 # mx.set_memory_limit is process-wide: evaluations that set it take turns.
 _limit_lock = threading.RLock()
@@ -54,9 +55,21 @@ def eval(*arrays: Any, budget: int | float | None = None) -> None:
         >>> nv.eval(loss, grads)
         >>> nv.eval({"loss": loss, "grads": grads}, budget=64 << 20)
     """
-    nbytes = memory.current_budget() if budget is None else _validate.check_budget(budget, "budget")
-    if nbytes == math.inf:
+    if budget is not None:
+        _validate.check_budget(budget, "budget")
+    stages = _stages.take(arrays)
+    nbytes = memory.current_budget(staged=bool(stages)) if budget is None else budget
+    with _throttle(nbytes):
+        for stage in stages:
+            mx.eval(stage)
         mx.eval(*arrays)
+
+
+@contextlib.contextmanager
+def _throttle(nbytes: float) -> Iterator[None]:
+    """Hold MLX's memory limit at the active memory plus ``nbytes`` inside."""
+    if nbytes == math.inf:
+        yield
         return
     with _limit_lock:
         mx.synchronize()
@@ -64,6 +77,6 @@ def eval(*arrays: Any, budget: int | float | None = None) -> None:
         # Never loosen a tighter limit the user set.
         mx.set_memory_limit(min(previous, mx.get_active_memory() + int(nbytes)))
         try:
-            mx.eval(*arrays)
+            yield
         finally:
             mx.set_memory_limit(previous)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 
-from . import _flat, _validate
+from . import _flat, _stages, _validate
 from .checkpoint import constant_inputs
 
 LossFn = Callable[[list[mx.array]], mx.array]
@@ -55,9 +55,12 @@ def value_and_grad_flat(
                 return _validate.check_scalar(loss(full), loss)
 
         vg = mx.value_and_grad(selected_loss, argnums=list(range(len(idx))))
-        value, grads = vg(*(xs[i] for i in idx))
+        with _stages.collecting() as stages:
+            value, grads = vg(*(xs[i] for i in idx))
         # mx.value_and_grad returns a bare array for a single argnum.
-        return value, [grads] if len(idx) == 1 else list(grads)
+        grads = [grads] if len(idx) == 1 else list(grads)
+        _stages.hand_on(grads, stages)
+        return value, grads
 
     return value_and_grad
 

@@ -135,19 +135,28 @@ def budget(nbytes: int | float) -> Iterator[None]:
         _budget.reset(token)
 
 
-def current_budget() -> float:
-    """The budget in force: the innermost :func:`budget`, else the default.
+def current_budget(staged: bool = True) -> float:
+    """The budget :func:`nuvec_mlx.eval` keeps to: the innermost :func:`budget`, else the default.
 
-    The default is ``DEFAULT_BUDGET`` on CPU and Metal. On CUDA it is
-    ``math.inf``: there nuvec_mlx bounds in-flight memory through the size of
-    MLX's CUDA graphs instead (see :mod:`nuvec_mlx.evaluate`), and a throttle
-    would only add a wait after every kernel.
+    Args:
+        staged: whether the evaluation is staged (a step with checkpoints,
+            from nuvec's gradients or compile). The default budget applies to
+            staged evaluations only: ``DEFAULT_BUDGET`` on CPU, where waiting
+            for the worker thread is cheap and trims what runs ahead within a
+            stage, and ``math.inf`` on a GPU, where stages alone bound the
+            run-ahead and a throttle would add a wait after every kernel. An
+            evaluation with no stages is :func:`mlx.core.eval` itself unless
+            you set a budget.
+
+    Example:
+        >>> nv.memory.current_budget()  # on CPU
+        1048576
     """
+    _validate.check_bool(staged, "staged")
     nbytes = _budget.get()
     if nbytes is not None:
         return nbytes
-    on_cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
-    return math.inf if on_cuda else DEFAULT_BUDGET
+    return DEFAULT_BUDGET if staged and mx.default_device() == mx.cpu else math.inf
 
 
 def all_stats(group: mx.distributed.Group | None = None) -> list[Stats]:

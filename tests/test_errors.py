@@ -150,8 +150,8 @@ CATALOGUE = [
      TypeError, r"stats\(\) takes 0 positional arguments but 1 was given$"),
     ("memory.reset_peak: an argument", lambda: nv.memory.reset_peak(0),
      TypeError, r"reset_peak\(\) takes 0 positional arguments but 1 was given$"),
-    ("memory.current_budget: an argument", lambda: nv.memory.current_budget(0),
-     TypeError, r"current_budget\(\) takes 0 positional arguments but 1 was given$"),
+    ("memory.current_budget: staged not a bool", lambda: nv.memory.current_budget(0),
+     TypeError, r"^staged must be a bool, got int$"),
 ]
 
 

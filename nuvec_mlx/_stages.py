@@ -1,0 +1,130 @@
+"""Stages: the points of a step at which :func:`nuvec_mlx.eval` waits for the device.
+
+MLX's evaluator runs up to ten tasks (CUDA graphs, Metal command buffers, CPU
+task groups) ahead of the device, and every queued op keeps its buffers alive.
+In a checkpointed backward pass that window spans several blocks, so several
+blocks' recomputed activations are alive at once, by an amount that depends on
+timing. Evaluating the backward pass one checkpointed block at a time bounds
+the window to one block, at the cost of one host wait per block.
+
+While a gradient is built, each checkpoint *marks* two stages: after its
+forward output, and after the gradients its backward pass returns. A mark is
+a one-element array that depends on those arrays and shares no buffer with
+them; the block's consumers then read the arrays through the mark
+(:func:`mlx.core.depends`), so that whatever evaluates them, also a plain
+:func:`mlx.core.eval`, evaluates the mark right after them and lets it go: a
+mark never keeps memory alive. A *collector* (a flat gradient, a compiled
+step) gathers the marks made inside it in the order the graph was built:
+forward stages in forward order, then backward stages in the order the
+backward pass reaches the blocks. The outermost collector *registers* them
+with the arrays it returns; :func:`nuvec_mlx.eval` then evaluates the stages
+of the arrays it is given, one by one, before the arrays themselves. The registry holds the
+arrays weakly and forgets an entry when they are gone, or when the entry is
+among the oldest of more than :data:`REMEMBERED` in the thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import contextvars
+import threading
+import weakref
+from collections.abc import Iterable, Iterator, Sequence
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+#: Registered steps remembered per thread: older ones are evaluated unstaged.
+REMEMBERED = 16
+
+
+_collector: contextvars.ContextVar[list[mx.array] | None] = contextvars.ContextVar(
+    "nuvec_mlx_stages", default=None
+)
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[list[mx.array]]:
+    """Collect the stages marked inside (fresh: enclosing collectors see none of them)."""
+    token = _collector.set([])
+    try:
+        yield _collector.get()
+    finally:
+        _collector.reset(token)
+
+
+def mark(arrays: Sequence[mx.array]) -> list[mx.array]:
+    """Mark a stage that ends once ``arrays`` are computed; use what it returns in their place.
+
+    Outside a collector this does nothing and returns ``arrays``.
+    """
+    stages = _collector.get()
+    if stages is None or not arrays:
+        return list(arrays)
+    marker = mx.depends([mx.zeros((1,), dtype=mx.bool_)], list(arrays))[0]
+    stages.append(marker)
+    # Whatever reads the arrays from now on reads them through the marker, so
+    # any evaluation of them evaluates it, right after them, and lets it go.
+    return mx.depends(list(arrays), [marker])
+
+
+class _Entry:
+    """The stages of one step, and weak references to the arrays they were registered with."""
+
+    def __init__(self, arrays: Sequence[mx.array], stages: Sequence[mx.array]):
+        self.stages = list(stages)
+        self._alive = len(arrays)
+        self.refs = [weakref.ref(a, self._gone) for a in arrays]
+
+    def _gone(self, _ref: weakref.ref) -> None:
+        self._alive -= 1
+        if self._alive == 0:
+            self.stages = []
+
+    def holds(self, ids: set[int], arrays: dict[int, mx.array]) -> bool:
+        for ref in self.refs:
+            a = ref()
+            if a is not None and id(a) in ids and arrays[id(a)] is a:
+                return True
+        return False
+
+
+_local = threading.local()
+
+
+def _entries() -> collections.deque[_Entry]:
+    if not hasattr(_local, "entries"):
+        _local.entries = collections.deque(maxlen=REMEMBERED)
+    return _local.entries
+
+
+def register(arrays: Sequence[mx.array], stages: Sequence[mx.array]) -> None:
+    """Remember ``stages`` for ``arrays`` (which must depend on them), in this thread."""
+    entries = _entries()
+    for e in [e for e in entries if not e.stages]:
+        entries.remove(e)
+    if stages and arrays:
+        entries.append(_Entry(arrays, stages))
+
+
+def take(trees: Sequence[object]) -> list[mx.array]:
+    """The stages registered with any array in ``trees``, oldest step first; forgotten after."""
+    entries = _entries()
+    if not entries:
+        return []
+    leaves = {id(a): a for _, a in tree_flatten(list(trees)) if isinstance(a, mx.array)}
+    ids = set(leaves)
+    found = [e for e in entries if e.stages and e.holds(ids, leaves)]
+    for e in found:
+        entries.remove(e)
+    return [s for e in found for s in e.stages]
+
+
+def hand_on(arrays: Sequence[mx.array], stages: Sequence[mx.array]) -> None:
+    """Give ``stages`` to the enclosing collector, or register them with ``arrays``."""
+    collector = _collector.get()
+    if collector is None:
+        register(arrays, stages)
+    else:
+        collector.extend(stages)
