@@ -4,7 +4,8 @@ For each budget (``inf`` is plain ``mx.eval``), runs the plain and the
 checkpointed step side by side, round-robin, in one process, and writes
 ``budget_sweep[_weight_grads].json`` and ``.md``:
 
-    python benchmarks/budget_sweep.py --out benchmarks/results/cpu
+    nuvec-mlx-bench-sweep --out benchmarks/results/cpu
+    python -m nuvec_mlx_bench.budget_sweep --out benchmarks/results/cpu   # the same
 """
 
 from __future__ import annotations
@@ -15,14 +16,18 @@ import math
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import nuvec_mlx as nv
-from benchmarks import measure, workloads
+from nuvec_mlx_bench import measure, workloads
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+def main(argv: list[str] | None = None) -> int:
+    """The ``nuvec-mlx-bench-sweep`` command: run the sweep, exit status 0."""
+    run(argv)
+    return 0
+
+
+def run(argv: list[str] | None = None) -> list[dict]:
+    """Run the sweep that the command line ``argv`` asks for; return its rows."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=4096)
     p.add_argument("--dim", type=int, default=256)
@@ -78,4 +83,4 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

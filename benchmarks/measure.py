@@ -24,7 +24,7 @@ import mlx.core as mx
 from tqdm import tqdm
 
 import nuvec_mlx as nv
-from benchmarks import timing
+from nuvec_mlx_bench import timing
 
 MiB = 1 << 20
 #: How the results describe a time.

@@ -1,7 +1,8 @@
 """The peak-memory benchmark: every checkpointing strategy, side by side, in one process.
 
-    python benchmarks/peak_memory.py                # scaled-down shapes, a few minutes on 2 CPU cores
-    python benchmarks/peak_memory.py --suite full   # the seed's shapes (for a GPU)
+    nuvec-mlx-bench                # scaled-down shapes, a few minutes on 2 CPU cores
+    nuvec-mlx-bench --suite full   # the seed's shapes (for a GPU)
+    python -m nuvec_mlx_bench.peak_memory ...   # the same, without the installed command
 
 Runs the seed MLP and a small decoder-only transformer with each strategy of
 ``benchmarks/workloads.py``, a depth sweep, and (where PyTorch or JAX can be
@@ -17,14 +18,11 @@ import dataclasses
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import mlx.core as mx
 from tqdm import tqdm
 
 import nuvec_mlx as nv
-from benchmarks import measure, report, targets, workloads
+from nuvec_mlx_bench import measure, report, targets, workloads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +69,7 @@ def mlx_rows(w: Workload, strategies: list[str], repeats: int, section: str) -> 
 
 def peer_rows(w: Workload, peers: list[str], python: str, repeats: int) -> list[dict]:
     """The same workload in PyTorch and JAX, each peer in its own process."""
-    from benchmarks import peers as peer_lib
+    from nuvec_mlx_bench import peers as peer_lib
 
     rows = []
     for peer in tqdm(peers, desc=f"peers: {w.model}", unit="peer"):
@@ -169,7 +167,7 @@ def selected(args: argparse.Namespace) -> tuple[list[Workload], Workload]:
 def peers_to_run(args: argparse.Namespace) -> list[str]:
     if args.peers == "none":
         return []
-    from benchmarks import peers
+    from nuvec_mlx_bench import peers
 
     if args.peers == "auto":
         return peers.available() if args.peer_python == sys.executable else list(peers.PEERS)
@@ -197,7 +195,14 @@ def notes_for(args: argparse.Namespace, peers: list[str], rows: list[dict], dept
     return notes + targets.checks(rows, growth, depths, args.budget)
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+def main(argv: list[str] | None = None) -> int:
+    """The ``nuvec-mlx-bench`` command: run the benchmark, exit status 0."""
+    run(argv)
+    return 0
+
+
+def run(argv: list[str] | None = None) -> list[dict]:
+    """Run the benchmark that the command line ``argv`` asks for; return its rows."""
     args = parse_args(argv)
     if args.budget is None:
         args.budget = nv.memory.current_budget()
@@ -240,4 +245,4 @@ def benchmark(args: argparse.Namespace) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,9 +1,9 @@
 """The benchmark's models in PyTorch and JAX, each measured in a process of its own.
 
     export MALLOC_MMAP_THRESHOLD_=65536 MALLOC_TRIM_THRESHOLD_=131072 XLA_PYTHON_CLIENT_PREALLOCATE=false
-    python -m benchmarks.peers --peer torch-eager --model mlp --strategy checkpoint   # one JSON line
-    python -m benchmarks.peers --peer jax-jit --check --model transformer --seq 4     # errors against MLX
-    python -m benchmarks.peers --peer torch-compile --calibrate 64                    # a known 64 MiB step
+    python -m nuvec_mlx_bench.peers --peer torch-eager --model mlp --strategy checkpoint   # one JSON line
+    python -m nuvec_mlx_bench.peers --peer jax-jit --check --model transformer --seq 4     # errors against MLX
+    python -m nuvec_mlx_bench.peers --peer torch-compile --calibrate 64                    # a known 64 MiB step
 
 (:func:`run_isolated` sets that environment, :data:`ENV`, itself.)
 
@@ -45,14 +45,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from benchmarks import shapes, timing
+from nuvec_mlx_bench import shapes, timing
 
 #: The peers, and the module each needs.
 FRAMEWORKS = {"torch-eager": "torch", "torch-compile": "torch", "jax-jit": "jax"}
 PEERS = tuple(FRAMEWORKS)
 STRATEGIES = ("none", "checkpoint")
 MODELS = ("mlp", "transformer")
-ROOT = Path(__file__).resolve().parent.parent
 #: The peer processes' environment. glibc maps every buffer of 64 KiB and more on
 #: its own and unmaps it when it is freed, so that the resident set follows the
 #: live buffers (glibc reads this at start only; :class:`RssProbe` needs it);
@@ -521,7 +520,7 @@ def mlx_outputs(spec: Spec) -> list[np.ndarray]:
     """The same step in MLX: ``workloads.build("none")``, uncompiled (imports MLX)."""
     import mlx.core as mx
 
-    from benchmarks import workloads
+    from nuvec_mlx_bench import workloads
 
     fields = {k: v for k, v in dataclasses.asdict(spec).items() if k != "strategy"}
     sc = workloads.build("none", compiled=False, **fields)
@@ -572,9 +571,9 @@ def run_isolated(peer: str, python: str = sys.executable, repeats: int = 3, time
     """
     if peer not in PEERS:
         return {"error": f"unknown peer {peer!r}"}
-    cmd = [python, "-m", "benchmarks.peers", "--peer", peer, "--repeats", str(repeats), *spec_args(Spec(**spec))]
+    cmd = [python, "-m", "nuvec_mlx_bench.peers", "--peer", peer, "--repeats", str(repeats), *spec_args(Spec(**spec))]
     try:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **ENV}, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(cmd, env={**os.environ, **ENV}, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
     except OSError as e:
         return {"error": f"cannot run {python}: {e.strerror or e}"}

@@ -18,7 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 import nuvec_mlx as nv
-from benchmarks import shapes
+from nuvec_mlx_bench import shapes
 
 #: How each block is checkpointed, and how the step is evaluated:
 #: ``none`` no checkpoint (mx.eval); ``none-policy`` no checkpoint (nv.eval);

@@ -25,8 +25,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 import nuvec_mlx as nv
-from benchmarks import measure
-from benchmarks.workloads import block_weights, filled, mlp_block
+from nuvec_mlx_bench import measure
+from nuvec_mlx_bench.workloads import block_weights, filled, mlp_block
 
 #: The model and the whole batch (split across ranks): 8 blocks
 #: [B, 64] -> [B, 256] -> [B, 64] in float32, hidden activations of 512 KiB
@@ -99,7 +99,7 @@ def main(out_dir: Path) -> None:
     own = nv.memory.stats()
     report["own_stats"] = dataclasses.asdict(own)
     report["all_stats"] = [dataclasses.asdict(s) for s in nv.memory.all_stats(group)]
-    # How the benchmark reports every rank's peak (benchmarks.measure.run_cases).
+    # How the benchmark reports every rank's peak (nuvec_mlx_bench.measure.run_cases).
     cases = {name: {"peak": {"median": peak}} for name, peak in report["peak"].items()}
     report["peak_per_rank"] = {n: r["peak_per_rank"] for n, r in measure.add_rank_peaks(cases).items()}
     (out_dir / f"rank{rank}.json").write_text(json.dumps(report))

@@ -9,7 +9,7 @@ import pytest
 
 import nuvec_mlx as nv
 
-from benchmarks import measure, peak_memory, targets, timing, workloads
+from nuvec_mlx_bench import measure, peak_memory, targets, timing, workloads
 from tests.helpers import assert_close
 
 
@@ -100,7 +100,7 @@ def test_build_rejects_unknown_names():
 
 
 def test_smallest_run_writes_table_json_markdown_and_plots(tmp_path, capsys, compiled):
-    rows = peak_memory.main([
+    rows = peak_memory.run([
         "--batch", "16", "--dim", "32", "--blocks", "2", "--seq", "8", "--depths", "2,4",
         "--repeats", "1", "--peers", "none", "--out", str(tmp_path),
     ])
@@ -128,7 +128,7 @@ def test_interrupted_run_leaves_its_finished_parts(tmp_path, monkeypatch):
 
     monkeypatch.setattr(peak_memory, "mlx_rows", interrupt_the_depth_sweep)
     with pytest.raises(KeyboardInterrupt):
-        peak_memory.main(["--batch", "16", "--dim", "32", "--blocks", "2", "--models", "mlp",
+        peak_memory.run(["--batch", "16", "--dim", "32", "--blocks", "2", "--models", "mlp",
                           "--strategies", "none,nuvec", "--depths", "2,4", "--repeats", "1",
                           "--peers", "none", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "results.json").read_text())
@@ -147,7 +147,7 @@ def test_budget_option_is_nv_evals_budget_for_the_run_only(tmp_path, monkeypatch
 
     monkeypatch.setattr(peak_memory, "mlx_rows", record_the_budget)
     default = nv.memory.current_budget()
-    peak_memory.main(["--batch", "16", "--dim", "32", "--blocks", "2", "--models", "mlp", "--weight-grads", "off",
+    peak_memory.run(["--batch", "16", "--dim", "32", "--blocks", "2", "--models", "mlp", "--weight-grads", "off",
                       "--strategies", "none,none-policy", "--depths", "", "--repeats", "1", "--peers", "none",
                       "--budget", "inf", "--out", str(tmp_path)])
     assert seen == [math.inf] and nv.memory.current_budget() == default
@@ -158,7 +158,7 @@ def test_budget_option_is_nv_evals_budget_for_the_run_only(tmp_path, monkeypatch
 
 def test_bad_strategy_option_names_the_choices(capsys):
     with pytest.raises(SystemExit):
-        peak_memory.main(["--strategies", "none,remat"])
+        peak_memory.run(["--strategies", "none,remat"])
     assert "--strategies: unknown ['remat']" in capsys.readouterr().err
 
 

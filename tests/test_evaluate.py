@@ -52,7 +52,7 @@ def test_eval_never_loosens_a_tighter_user_limit(monkeypatch):
 
 
 def test_eval_within_budget_lowers_a_checkpointed_peak(compiled):
-    from benchmarks import workloads
+    from nuvec_mlx_bench import workloads
 
     sc = workloads.build("nuvec", batch=256, dim=128, blocks=6)
     unlimited = workloads.peak(sc, lambda o: nv.eval(o, budget=math.inf))

@@ -8,15 +8,15 @@ import sys
 
 import pytest
 
-from benchmarks import peers
+from nuvec_mlx_bench import peers
 
 MiB = 1 << 20
 TINY = {"batch": 8, "dim": 16, "blocks": 3, "seq": 4}
 
 
 def peer_process(*args: str) -> dict:
-    """Run ``python -m benchmarks.peers`` as run_isolated does and return its JSON line."""
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.peers", *args], cwd=peers.ROOT,
+    """Run ``python -m nuvec_mlx_bench.peers`` as run_isolated does and return its JSON line."""
+    proc = subprocess.run([sys.executable, "-m", "nuvec_mlx_bench.peers", *args],
                           env={**os.environ, **peers.ENV}, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.splitlines()[-1])
@@ -43,7 +43,7 @@ def test_torch_compile_step_matches_mlx():
 def test_rss_probe_reads_a_known_allocation_not_what_was_held_before():
     code = """
 import json
-from benchmarks import peers
+from nuvec_mlx_bench import peers
 held = b"\\x01" * (32 << 20)
 probe = peers.RssProbe()
 def step():
@@ -52,7 +52,7 @@ def step():
     return [b"\\x03" * (4 << 20) for _ in range(16)]
 print(json.dumps(peers.measure(step, lambda out: None, probe, repeats=3)))
 """
-    proc = subprocess.run([sys.executable, "-c", code], cwd=peers.ROOT, env={**os.environ, **peers.ENV},
+    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, **peers.ENV},
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)

@@ -1,6 +1,6 @@
 """nuvec-compile 0.6.1's checkpoint memory test, ported: same model, same shapes."""
 
-from benchmarks import workloads
+from nuvec_mlx_bench import workloads
 
 
 def test_checkpointed_blocks_lower_peak_memory_under_compile(compiled):
