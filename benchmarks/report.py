@@ -10,26 +10,25 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from nuvec_mlx_bench.results import label  # noqa: E402
+
 MiB = 1 << 20
 
 
-def label(row: dict) -> str:
-    """The workload of a row, as a short heading."""
-    shape = f"B={row['batch']}" + (f" T={row['seq']}" if row["model"] == "transformer" else "")
-    grads = "input+weight grads" if row["weight_grads"] else "input grad"
-    mode = "compiled" if row["compiled"] else "eager"
-    return f"{row['model']} {shape} D={row['dim']} {row['blocks']} blocks, {grads}, {mode}"
-
-
 def table(rows: list[dict]) -> list[str]:
-    """Markdown table lines: one line per row, ratios against the same workload's plain step."""
+    """Markdown table lines: one line per row, ratios against the same workload's plain step.
+
+    ``floor`` is the workload's analytic floor (:mod:`nuvec_mlx_bench.floors`)
+    and ``x floor`` the median peak over it.
+    """
     lines = [
-        "| workload | framework | strategy | peak MiB (min–max) | peak ratio | step ms | time ratio |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| workload | framework | strategy | peak MiB (min–max) | peak ratio | floor MiB | x floor "
+        "| step ms | time ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {label(r)} | {r['framework']} | {r['strategy']} | error: {r['error']} | | | |")
+            lines.append(f"| {label(r)} | {r['framework']} | {r['strategy']} | error: {r['error']} | | | | | |")
             continue
         p, t = r["peak"], r["time"]
         ranks = r.get("peak_per_rank")
@@ -37,8 +36,34 @@ def table(rows: list[dict]) -> list[str]:
         lines.append(
             f"| {label(r)} | {r['framework']} | {r['strategy']} | {p['median'] / MiB:.1f} "
             f"({p['min'] / MiB:.1f}–{p['max'] / MiB:.1f}{per_rank}) | {r.get('peak_ratio', float('nan')):.3f} | "
+            f"{r['floor'] / MiB:.1f} | {r['peak_to_floor']:.2f} | "
             f"{t['median'] * 1e3:.1f} | {r.get('time_ratio', float('nan')):.3f} |"
         )
+    return lines
+
+
+#: The checkpointed peaks set beside one another, by (framework, strategy), and their headings.
+CHECKPOINTED = {("mlx", "nuvec"): "nuvec_mlx", ("torch-compile", "checkpoint"): "torch.compile + checkpoint",
+                ("jax-jit", "checkpoint"): "jax.jit + jax.checkpoint"}
+
+
+def checkpointed_peaks(rows: list[dict]) -> list[str]:
+    """Markdown lines: per workload, its floor and the absolute median peaks of nuvec_mlx,
+    ``torch.compile`` + checkpoint and ``jax.jit`` + checkpoint (MiB, x floor)."""
+    measured = _measured(rows, "strategies")
+    found = {(label(r), r["framework"], r["strategy"]): r for r in measured}
+    floors = {label(r): r["floor"] for r in measured}
+    if not floors:
+        return []
+    lines = ["", "Checkpointed peaks, absolute (MiB, x the floor; each peer's peak read as its `method` says):",
+             "", "| workload | floor | " + " | ".join(CHECKPOINTED.values()) + " |",
+             "| --- | --- |" + " --- |" * len(CHECKPOINTED)]
+    for name, floor in floors.items():
+        cells = []
+        for framework, strategy in CHECKPOINTED:
+            r = found.get((name, framework, strategy))
+            cells.append(f"{r['peak']['median'] / MiB:.1f} ({r['peak_to_floor']:.2f})" if r else "not run")
+        lines.append(f"| {name} | {floor / MiB:.1f} | " + " | ".join(cells) + " |")
     return lines
 
 

@@ -52,11 +52,12 @@ def test_eval_never_loosens_a_tighter_user_limit(monkeypatch):
 
 
 def test_eval_within_budget_lowers_a_checkpointed_peak(compiled):
-    from nuvec_mlx_bench import workloads
+    from nuvec_mlx_bench import measure, rounds, workloads
+    from nuvec_mlx_bench.workload import Workload
 
-    sc = workloads.build("nuvec", batch=256, dim=128, blocks=6)
-    unlimited = workloads.peak(sc, lambda o: nv.eval(o, budget=math.inf))
-    throttled = workloads.peak(sc, nv.eval)
+    sc = workloads.build("nuvec", Workload("mlp", batch=256, dim=128, blocks=6))
+    unlimited = rounds.peak(lambda: sc.step(sc.inputs), lambda o: nv.eval(o, budget=math.inf), measure.MlxProbe())
+    throttled = rounds.peak(lambda: sc.step(sc.inputs), lambda o: nv.eval(o, budget=MiB), measure.MlxProbe())
     assert throttled < unlimited
 
 
