@@ -363,6 +363,12 @@ def test_checkpointed_peaks_set_the_peers_beside_nuvec_and_the_floor():
     assert lines[-1] == "| mlp B=4096 D=256 8 blocks, input grad, compiled | 96.0 | 192.0 (2.00) | 96.0 (1.00) | not run |"
 
 
+def test_plot_caption_names_command_backend_device_mlx_and_blas():
+    env = environment.environment("nuvec-mlx-bench --suite full")
+    text = report.caption(env)
+    assert all(env[k] in text for k in ("command", "backend", "device", "mlx", "blas"))
+
+
 # --- peak_memory.py -------------------------------------------------------------------
 
 
