@@ -89,6 +89,13 @@ def _csv(text: str) -> list[str]:
     return [t for t in text.split(",") if t]
 
 
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text}")
+    return n
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line; an option that a chosen workload cannot honour is an error."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
@@ -112,8 +119,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--peer-python", help="the interpreter that runs the peers (default: this one)")
     p.add_argument("--budget", type=budgets.parse_budget, metavar="MIB",
                    help="nv.eval's budget for none-policy and nuvec, MiB or 'inf' (default: nuvec_mlx's here)")
-    p.add_argument("--repeats", type=int, help="MLX's measurements per case (default: the suite's, 3 or 15)")
-    p.add_argument("--peer-repeats", type=int, help="each peer's measurements (default 3: peers repeat "
+    p.add_argument("--repeats", type=_positive, help="MLX's measurements per case (default: the suite's, 3 or 15)")
+    p.add_argument("--peer-repeats", type=_positive, help="each peer's measurements (default 3: peers repeat "
                                                     "their peaks to the MiB)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/out"), help="output folder")
     args = p.parse_args(argv)
@@ -142,6 +149,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.peer_repeats = args.peer_repeats or 3
     try:
         args.workloads, args.depth_base = selected(args)
+        for blocks in args.depths:
+            dataclasses.replace(args.depth_base, blocks=blocks)
     except (TypeError, ValueError) as e:
         p.error(str(e))
     args.repeats = args.repeats or SUITES[args.suite].repeats

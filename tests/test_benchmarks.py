@@ -463,6 +463,8 @@ def test_auto_peers_under_eager_are_none():
     (["--strategies", "none,mx", "--budget", "0"], "--budget: no strategy evaluates with nv.eval"),
     (["--peers", "tensorflow"], "--peers: choose from"),
     (["--batch", "0"], "batch must be >= 1"),
+    (["--depths", "0,4"], "blocks must be >= 1"),
+    (["--peer-repeats", "0"], "--peer-repeats: must be an int >= 1"),
 ], ids=lambda v: v if isinstance(v, str) else " ".join(v))
 def test_an_option_a_workload_cannot_honour_is_an_error(capsys, argv, message):
     with pytest.raises(SystemExit):

@@ -27,8 +27,6 @@ FRAMEWORKS = {"torch-eager": "torch", "torch-compile": "torch", "jax-jit": "jax"
 PEERS = tuple(FRAMEWORKS)
 #: How a peer's blocks are checkpointed.
 STRATEGIES = ("none", "checkpoint")
-#: The peers that compile their step (the others run it eagerly).
-COMPILING = ("torch-compile", "jax-jit")
 
 
 def available() -> list[str]:
