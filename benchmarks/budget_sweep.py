@@ -45,6 +45,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     args = p.parse_args(argv)
     args.strategies = args.strategies.split(",")
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
     if not set(args.strategies) <= set(STRATEGIES) or "none" not in args.strategies:
         p.error(f"--strategies: choose from {', '.join(STRATEGIES)}, none included; got {args.strategies}")
     try:

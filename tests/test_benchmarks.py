@@ -485,7 +485,10 @@ def test_budget_sweep_measures_every_strategy_at_every_budget(tmp_path, compiled
     assert "| inf (nv.eval runs mx.eval) | nuvec |" in (tmp_path / "budget_sweep.md").read_text()
 
 
-def test_budget_sweep_needs_the_plain_step(capsys):
+@pytest.mark.parametrize(("argv", "message"), [(["--strategies", "nuvec"], "none included"),
+                                               (["--repeats", "0"], "--repeats must be >= 1"),
+                                               (["--budgets", "inf,-1"], "a budget must be 'inf' or MiB >= 0")])
+def test_budget_sweep_rejects_what_it_cannot_run(capsys, argv, message):
     with pytest.raises(SystemExit):
-        budget_sweep.parse_args(["--strategies", "nuvec"])
-    assert "none included" in capsys.readouterr().err
+        budget_sweep.parse_args(argv)
+    assert message in capsys.readouterr().err
