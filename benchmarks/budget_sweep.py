@@ -4,7 +4,8 @@ For each budget (``inf`` is plain ``mx.eval``), runs the plain and the
 checkpointed step side by side, round-robin, in one process, and writes
 ``budget_sweep[_weight_grads].json`` and ``.md``:
 
-    python benchmarks/budget_sweep.py --out benchmarks/results/cpu
+    nuvec-mlx-bench-sweep --out benchmarks/results/cpu
+    python -m nuvec_mlx_bench.budget_sweep --out benchmarks/results/cpu   # the same
 """
 
 from __future__ import annotations
@@ -15,47 +16,72 @@ import math
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import nuvec_mlx as nv
-from benchmarks import measure, workloads
+from nuvec_mlx_bench import budgets as budget_lib
+from nuvec_mlx_bench import environment, measure, results, workloads
+from nuvec_mlx_bench.workload import SEED, Workload
+
+#: The strategies the sweep can run (each evaluated by ``nv.eval`` at every budget).
+STRATEGIES = ("none", "mx", "nuvec")
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch", type=int, default=4096)
-    p.add_argument("--dim", type=int, default=256)
-    p.add_argument("--blocks", type=int, default=8)
-    p.add_argument("--weight-grads", action="store_true")
-    p.add_argument("--budgets", default="inf,0,1,16,64,256", help="MiB, comma-separated")
-    p.add_argument("--strategies", default="none,mx,nuvec", help="from none, mx, nuvec")
+def main(argv: list[str] | None = None) -> int:
+    """The ``nuvec-mlx-bench-sweep`` command: run the sweep, exit status 0."""
+    run(argv)
+    return 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The sweep's command line; a strategy it cannot run is an error."""
+    p = argparse.ArgumentParser(prog="nuvec-mlx-bench-sweep", description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=SEED.batch)
+    p.add_argument("--dim", type=int, default=SEED.dim)
+    p.add_argument("--blocks", type=int, default=SEED.blocks)
+    p.add_argument("--weight-grads", action="store_true", help="also differentiate every weight")
+    p.add_argument("--budgets", default="inf,0,1,16,64,256", help="MiB or inf, comma-separated")
+    p.add_argument("--strategies", default=",".join(STRATEGIES),
+                   help="comma-separated from none, mx, nuvec; none (the ratios' base) is required")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     args = p.parse_args(argv)
-    shape = dict(batch=args.batch, dim=args.dim, blocks=args.blocks, weight_grads=args.weight_grads)
-    budgets = [measure.parse_budget(b) for b in args.budgets.split(",")]
-    scenarios = {s: workloads.build(s, **shape) for s in args.strategies.split(",")}
+    args.strategies = args.strategies.split(",")
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
+    if not set(args.strategies) <= set(STRATEGIES) or "none" not in args.strategies:
+        p.error(f"--strategies: choose from {', '.join(STRATEGIES)}, none included; got {args.strategies}")
+    try:
+        args.budgets = [budget_lib.parse_budget(b) for b in args.budgets.split(",")]
+        args.workload = Workload("mlp", args.batch, args.dim, args.blocks, weight_grads=args.weight_grads)
+    except (TypeError, ValueError) as e:
+        p.error(str(e))
+    return args
+
+
+def run(argv: list[str] | None = None) -> list[dict]:
+    """Run the sweep that the command line ``argv`` asks for; write and return its rows."""
+    args = parse_args(argv)
+    w = args.workload
+    scenarios = {s: workloads.build(s, w) for s in args.strategies}
     cases = {
         (b, s): (lambda sc=sc: sc.step(sc.inputs), lambda out, b=b: nv.eval(out, budget=b))
-        for b in budgets for s, sc in scenarios.items()
+        for b in args.budgets for s, sc in scenarios.items()
     }
-    results = measure.run_cases(cases, args.repeats, desc="budget sweep")
-    rows = [{"budget": b, "strategy": s, **r} for (b, s), r in results.items()]
-    for r in rows:
-        plain = results[(r["budget"], "none")]
-        r["peak_ratio"] = r["peak"]["median"] / plain["peak"]["median"]
-        r["time_ratio"] = r["time"]["median"] / plain["time"]["median"]
-        if math.inf in budgets:
-            r["time_vs_plain_mx_eval"] = r["time"]["median"] / results[(math.inf, "none")]["time"]["median"]
-    env = measure.environment()
-    name = "budget_sweep" + ("_weight_grads" if args.weight_grads else "")
+    measured = measure.run_cases(cases, args.repeats, desc="budget sweep")
+    rows = [results.row("budgets", "mlx", s, w, m, budget=b) for (b, s), m in measured.items()]
+    for b in args.budgets:
+        results.add_ratios([r for r in rows if r["budget"] == b])
+    if math.inf in args.budgets:
+        plain = measured[(math.inf, "none")]["time"]["median"]
+        for r in rows:
+            r["time_vs_plain_mx_eval"] = r["time"]["median"] / plain
+    env = environment.environment(environment.command_line("nuvec-mlx-bench-sweep", argv))
+    name = "budget_sweep" + ("_weight_grads" if w.weight_grads else "")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{name}.json").write_text(
-        json.dumps({"environment": env, "shape": shape, "rows": rows}, indent=1, default=str)
+        json.dumps({"environment": env, "workload": str(w), "rows": rows}, indent=1)
     )
     lines = [
-        f"# Budget sweep: seed step, {shape}",
+        f"# Budget sweep: {w}",
         "",
         *(f"- {k}: `{v}`" for k, v in env.items()),
         "",
@@ -67,10 +93,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        b = measure.budget_text(r["budget"])
         lines.append(
-            f"| {b} | {r['strategy']} | {r['peak']['median'] / measure.MiB:.1f} | {r['peak_ratio']:.3f} | "
-            f"{r['time']['median']:.4f} | {r['time_ratio']:.3f} | {r.get('time_vs_plain_mx_eval', math.nan):.3f} |"
+            f"| {budget_lib.budget_text(r['budget'])} | {r['strategy']} | {r['peak']['median'] / budget_lib.MiB:.1f} | "
+            f"{r['peak_ratio']:.3f} | {r['time']['median']:.4f} | {r['time_ratio']:.3f} | "
+            f"{r.get('time_vs_plain_mx_eval', math.nan):.3f} |"
         )
     (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -78,4 +104,4 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

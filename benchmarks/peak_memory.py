@@ -1,13 +1,15 @@
 """The peak-memory benchmark: every checkpointing strategy, side by side, in one process.
 
-    python benchmarks/peak_memory.py                # scaled-down shapes, a few minutes on 2 CPU cores
-    python benchmarks/peak_memory.py --suite full   # the seed's shapes (for a GPU)
+    nuvec-mlx-bench                              # scaled-down shapes, minutes on 2 CPU cores
+    nuvec-mlx-bench --suite full                 # the seed's and larger shapes (for a GPU)
+    python -m nuvec_mlx_bench.peak_memory ...    # the same, without the installed command
 
-Runs the seed MLP and a small decoder-only transformer with each strategy of
-``benchmarks/workloads.py``, a depth sweep, and (where PyTorch or JAX can be
+Runs the MLP and the decoder-only transformer of :mod:`nuvec_mlx_bench.workloads`
+with each MLX strategy, a depth sweep, and (where PyTorch or JAX can be
 imported) the same models through ``torch.utils.checkpoint`` and
-``jax.checkpoint``. Prints a table and writes ``results.json``,
-``results.md`` and PNG plots into ``--out``.
+``jax.checkpoint``, each peer in a process of its own. Prints a table, the
+checkpointed peaks beside the analytic floor and the targets' checks, and
+writes ``results.json``, ``results.md`` and PNG plots into ``--out``.
 """
 
 from __future__ import annotations
@@ -17,227 +19,254 @@ import dataclasses
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import mlx.core as mx
 from tqdm import tqdm
 
 import nuvec_mlx as nv
-from benchmarks import measure, report, targets, workloads
+from nuvec_mlx_bench import budgets, depth, environment, measure, peers, report, results, targets, workloads
+from nuvec_mlx_bench.peers.process import run_isolated
+from nuvec_mlx_bench.workload import MODELS, SEED, Workload
+
+PROG = "nuvec-mlx-bench"
 
 
 @dataclasses.dataclass(frozen=True)
-class Workload:
-    """One model at one shape."""
+class Suite:
+    """The shapes of a run: the strategy table's workloads, the depth sweep's, and MLX's repeats."""
 
-    model: str
-    batch: int
-    dim: int
-    blocks: int
-    seq: int = 1
-    weight_grads: bool = False
-    compiled: bool = True
-
-    def block_input_bytes(self) -> int:
-        return 4 * self.batch * self.seq * self.dim
+    table: tuple[Workload, ...]
+    depth_base: Workload
+    repeats: int
 
 
-#: Shapes per suite: the workloads of the strategy table, the depth sweep's base and depths.
+def _both_grads(*ws: Workload) -> tuple[Workload, ...]:
+    return tuple(dataclasses.replace(w, weight_grads=g) for w in ws for g in (False, True))
+
+
+#: The suites. ``full`` keeps the seed MLP (B=4096 D=256) and adds the MLP at B=16384
+#: D=1024 and the transformer at B=8 T=2048 D=1024 (which replaces B=8 T=512 D=256).
 SUITES = {
-    "default": (
-        [Workload("mlp", 512, 64, 8), Workload("mlp", 512, 64, 8, weight_grads=True),
-         Workload("transformer", 2, 64, 8, seq=128)],
-        Workload("mlp", 256, 64, 8),
-    ),
-    "full": (
-        [Workload("mlp", 4096, 256, 8), Workload("mlp", 4096, 256, 8, weight_grads=True),
-         Workload("transformer", 8, 256, 8, seq=512)],
-        Workload("mlp", 4096, 256, 8),
-    ),
+    "default": Suite(_both_grads(Workload("mlp", 512, 64, 8), Workload("transformer", 2, 64, 8, seq=128)),
+                     Workload("mlp", 256, 64, 8), repeats=3),
+    "full": Suite(_both_grads(SEED, Workload("mlp", 16384, 1024, 8), Workload("transformer", 8, 1024, 8, seq=2048)),
+                  SEED, repeats=15),
 }
+DEPTHS = "4,8,16,32"
 DEPTH_STRATEGIES = ("none", "none-policy", "mx", "nuvec")
+#: The strategies that evaluate with nv.eval, and so read --budget.
+BUDGETED = ("none-policy", "nuvec")
 
 
 def mlx_rows(w: Workload, strategies: list[str], repeats: int, section: str) -> list[dict]:
     """Measure one workload with each MLX strategy, round-robin, in this process."""
-    scenarios = {s: workloads.build(s, **dataclasses.asdict(w)) for s in strategies}
+    scenarios = {s: workloads.build(s, w) for s in strategies}
     cases = {s: (lambda sc=sc: sc.step(sc.inputs), sc.evaluate) for s, sc in scenarios.items()}
-    results = measure.run_cases(cases, repeats, desc=f"{section}: {w.model} {w.blocks} blocks")
-    rows = [{"section": section, "framework": "mlx", "strategy": s, **dataclasses.asdict(w),
-             "traces": getattr(scenarios[s].step, "traces", None), **results[s]} for s in strategies]
-    return add_ratios(rows)
+    measured = measure.run_cases(cases, repeats, desc=f"{section}: {w.model} {w.blocks} blocks")
+    rows = {s: results.row(section, "mlx", s, w, measured[s], traces=getattr(scenarios[s].step, "traces", None))
+            for s in strategies}
+    return results.add_ratios(list(measure.add_rank_peaks(rows).values()))
 
 
-def peer_rows(w: Workload, peers: list[str], python: str, repeats: int) -> list[dict]:
-    """The same workload in PyTorch and JAX, each peer in its own process."""
-    from benchmarks import peers as peer_lib
-
+def peer_rows(w: Workload, names: list[str], python: str, repeats: int) -> list[dict]:
+    """The same workload in PyTorch and JAX, each peer and strategy in a process of its own."""
     rows = []
-    for peer in tqdm(peers, desc=f"peers: {w.model}", unit="peer"):
-        for strategy in ("none", "checkpoint"):
-            r = peer_lib.run_isolated(
-                peer, python=python, model=w.model, strategy=strategy, batch=w.batch, dim=w.dim,
-                blocks=w.blocks, seq=w.seq, weight_grads=w.weight_grads, repeats=repeats,
-            )
-            peak = {k: r[f"peak{s}"] for k, s in (("median", ""), ("min", "_min"), ("max", "_max"))} if "peak" in r else None
-            time = {k: r[f"time{s}"] for k, s in (("median", ""), ("min", "_min"), ("max", "_max"))} if "time" in r else None
-            rows.append({**r, "section": "strategies", "framework": peer, "strategy": strategy,
-                         **dataclasses.asdict(w), **({"peak": peak, "time": time} if peak else {})})
-        add_ratios(rows[-2:])
+    for peer in tqdm(names, desc=f"peers: {w.model}", unit="peer"):
+        pair = [results.row("strategies", peer, s, w, run_isolated(peer, w, s, repeats, python))
+                for s in peers.STRATEGIES]
+        rows += results.add_ratios(pair)
     return rows
 
 
-def add_ratios(rows: list[dict]) -> list[dict]:
-    """Peak and time ratios against the plain step (``none``) of the same framework."""
-    base = next((r for r in rows if r["strategy"] == "none" and "error" not in r), None)
-    policy = next((r for r in rows if r["strategy"] == "none-policy"), None)
-    for r in rows:
-        if base is None or "error" in r:
-            continue
-        r["peak_ratio"] = r["peak"]["median"] / base["peak"]["median"]
-        r["time_ratio"] = r["time"]["median"] / base["time"]["median"]
-        if policy:
-            r["peak_ratio_vs_policy"] = r["peak"]["median"] / policy["peak"]["median"]
-            r["time_ratio_vs_policy"] = r["time"]["median"] / policy["time"]["median"]
-    return rows
-
-
-def depth_growth(rows: list[dict], w: Workload) -> dict[str, list[float]]:
-    """How much each strategy's peak grows per added block, in block inputs, depth by depth."""
-    growth = {}
-    for s in dict.fromkeys(r["strategy"] for r in rows):
-        rs = sorted((r for r in rows if r["strategy"] == s), key=lambda r: r["blocks"])
-        growth[s] = [
-            (b["peak"]["median"] - a["peak"]["median"]) / (b["blocks"] - a["blocks"]) / w.block_input_bytes()
-            for a, b in zip(rs, rs[1:])
-        ]
-    return growth
-
-
-def depth_notes(growth: dict[str, list[float]], depths: list[int]) -> list[str]:
-    """One line per strategy of the depth sweep."""
-    between = ", ".join(str(d) for d in sorted(depths))
-    return [f"- depth sweep, `{s}`: peak grows per added block by "
+def depth_notes(rows: list[dict]) -> list[str]:
+    """One line per strategy of the depth sweep: its median peak's growth per added block."""
+    between = ", ".join(str(d) for d in sorted({r["blocks"] for r in rows}))
+    return [f"- depth sweep, `{s}`: median peak grows per added block by "
             + ", ".join(f"{g:.2f}" for g in gs) + f" block inputs (between {between} blocks)"
-            for s, gs in growth.items()]
+            for s, gs in depth.median_growth(rows).items()]
+
+
+def _csv(text: str) -> list[str]:
+    return [t for t in text.split(",") if t]
+
+
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text}")
+    return n
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--suite", choices=SUITES, default="default", help="shapes (default: scaled down)")
-    p.add_argument("--models", default="mlp,transformer", help="comma-separated: mlp, transformer")
+    """The command line; an option that a chosen workload cannot honour is an error."""
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    p.add_argument("--suite", choices=SUITES, default="default", help="shapes (default: scaled down for a CPU)")
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated: mlp, transformer")
     p.add_argument("--batch", type=int, help="override the suite's batch size")
     p.add_argument("--dim", type=int, help="override the suite's model width")
-    p.add_argument("--blocks", type=int, help="override the suite's number of blocks")
+    p.add_argument("--blocks", type=int, help="override the suite's number of blocks (not the depth sweep's)")
     p.add_argument("--seq", type=int, help="override the transformer's sequence length")
     p.add_argument("--strategies", default=",".join(workloads.STRATEGIES),
-                   help="comma-separated MLX strategies (default: all; see benchmarks/workloads.py)")
+                   help="comma-separated MLX strategies, none included (default: all; see workloads.py)")
     p.add_argument("--weight-grads", choices=("both", "on", "off"), default="both",
-                   help="which MLP gradients to take: input only (off), all (on), or both")
-    p.add_argument("--eager", action="store_true", help="do not compile the step")
-    p.add_argument("--depths", default="4,8,16,32", help="blocks of the depth sweep; '' skips it")
+                   help="the gradients: input only (off), input and weights (on), or each workload twice "
+                        "(both); the depth sweep takes the weights' only with on")
+    p.add_argument("--eager", action="store_true", help="do not compile the step (MLX only: no peers)")
+    p.add_argument("--depths", help=f"blocks of the depth sweep of the MLP (default {DEPTHS} with the mlp "
+                                    "among --models); '' skips it")
     p.add_argument("--peers", default="auto",
-                   help="comma-separated from torch-eager, torch-compile, jax-jit; 'auto': those importable; 'none'")
-    p.add_argument("--peer-python", default=sys.executable, help="the interpreter that runs the peers")
-    p.add_argument("--budget", type=measure.parse_budget, metavar="MIB",
-                   help="nv.eval's budget for none-policy and nuvec, MiB or 'inf' (default: nuvec_mlx's on this device)")
-    p.add_argument("--repeats", type=int, default=3, help="measurements per case (medians reported)")
+                   help="comma-separated from torch-eager, torch-compile, jax-jit; 'auto': those importable "
+                        "(none with --eager); 'none'")
+    p.add_argument("--peer-python", help="the interpreter that runs the peers (default: this one)")
+    p.add_argument("--budget", type=budgets.parse_budget, metavar="MIB",
+                   help="nv.eval's budget for none-policy and nuvec, MiB or 'inf' (default: nuvec_mlx's here)")
+    p.add_argument("--repeats", type=_positive, help="MLX's measurements per case (default: the suite's, 3 or 15)")
+    p.add_argument("--peer-repeats", type=_positive, help="each peer's measurements (default 3: peers repeat "
+                                                    "their peaks to the MiB)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/out"), help="output folder")
     args = p.parse_args(argv)
-    args.strategies = args.strategies.split(",")
+    args.strategies = _csv(args.strategies)
     unknown = set(args.strategies) - set(workloads.STRATEGIES)
     if unknown:
         p.error(f"--strategies: unknown {sorted(unknown)}; choose from {', '.join(workloads.STRATEGIES)}")
-    args.models = args.models.split(",")
-    if set(args.models) - set(workloads.MODELS):
-        p.error(f"--models: choose from {', '.join(workloads.MODELS)}")
-    args.depths = [int(d) for d in args.depths.split(",") if d]
+    if "none" not in args.strategies:
+        p.error("--strategies must include none: every ratio is taken against it")
+    if args.budget is not None and not set(BUDGETED) & set(args.strategies):
+        p.error(f"--budget: no strategy evaluates with nv.eval; add {' or '.join(BUDGETED)}")
+    args.models = _csv(args.models)
+    if not args.models or set(args.models) - set(MODELS):
+        p.error(f"--models: choose from {', '.join(MODELS)}")
+    if args.seq is not None and "transformer" not in args.models:
+        p.error("--seq: only the transformer has a sequence; add transformer to --models")
+    if args.depths is None:
+        args.depths = DEPTHS if "mlp" in args.models else ""
+    args.depths = [int(d) for d in _csv(args.depths)]
+    if args.depths and "mlp" not in args.models:
+        p.error("--depths: the depth sweep runs the mlp; add mlp to --models, or pass --depths ''")
+    args.peer_option, args.peers = args.peers, _peers(p, args)
+    if not args.peers and (args.peer_python or args.peer_repeats):
+        p.error("--peer-python and --peer-repeats need peers to run")
+    args.peer_python = args.peer_python or sys.executable
+    args.peer_repeats = args.peer_repeats or 3
+    try:
+        args.workloads, args.depth_base = selected(args)
+        for blocks in args.depths:
+            dataclasses.replace(args.depth_base, blocks=blocks)
+    except (TypeError, ValueError) as e:
+        p.error(str(e))
+    args.repeats = args.repeats or SUITES[args.suite].repeats
     return args
 
 
-def selected(args: argparse.Namespace) -> tuple[list[Workload], Workload]:
-    """The suite's workloads, with the command line's overrides."""
-    table_workloads, depth_base = SUITES[args.suite]
-    over = {k: getattr(args, k) for k in ("batch", "dim", "blocks", "seq") if getattr(args, k)}
-    keep = {"both": (False, True), "on": (True,), "off": (False,)}[args.weight_grads]
-    chosen = [dataclasses.replace(w, **over, compiled=not args.eager) for w in table_workloads
-              if w.model in args.models and (w.model != "mlp" or w.weight_grads in keep)]
-    return chosen, dataclasses.replace(depth_base, **over, compiled=not args.eager)
-
-
-def peers_to_run(args: argparse.Namespace) -> list[str]:
+def _peers(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
     if args.peers == "none":
         return []
-    from benchmarks import peers
-
     if args.peers == "auto":
-        return peers.available() if args.peer_python == sys.executable else list(peers.PEERS)
-    return args.peers.split(",")
+        if args.eager:
+            return []
+        return peers.available() if args.peer_python in (None, sys.executable) else list(peers.PEERS)
+    chosen = _csv(args.peers)
+    if set(chosen) - set(peers.PEERS):
+        p.error(f"--peers: choose from {', '.join(peers.PEERS)}, or auto or none")
+    if args.eager:
+        p.error("--eager: the peers measure counterparts of the compiled step; add --peers none")
+    return chosen
 
 
-def notes_for(args: argparse.Namespace, peers: list[str], rows: list[dict], depth: list[dict],
-              depth_base: Workload) -> list[str]:
-    """The results' notes: how they were measured, the depth sweep's growth and issue #3's targets."""
-    growth = depth_growth(depth, depth_base) if depth else {}
-    depths = sorted({r["blocks"] for r in depth})
-    none = "none asked for" if args.peers == "none" else "none importable here"
+def selected(args: argparse.Namespace) -> tuple[list[Workload], Workload]:
+    """The suite's workloads with the command line's overrides, and the depth sweep's base.
+
+    Raises:
+        ValueError, TypeError: an override no workload can take (from :class:`Workload`).
+    """
+    suite = SUITES[args.suite]
+    over = {k: getattr(args, k) for k in ("batch", "dim", "blocks") if getattr(args, k) is not None}
+    grads = {"both": (False, True), "on": (True,), "off": (False,)}[args.weight_grads]
+    chosen = []
+    for w in suite.table:
+        if w.model in args.models and w.weight_grads in grads:
+            seq = {"seq": args.seq} if args.seq is not None and w.model == "transformer" else {}
+            chosen.append(dataclasses.replace(w, **over, **seq, compiled=not args.eager))
+    base_over = {k: v for k, v in over.items() if k != "blocks"}
+    base = dataclasses.replace(suite.depth_base, **base_over, weight_grads=args.weight_grads == "on",
+                               compiled=not args.eager)
+    return list(dict.fromkeys(chosen)), base
+
+
+def notes_for(args: argparse.Namespace, rows: list[dict], backend: str) -> list[str]:
+    """The results' notes: how they were measured, the depth sweep's growth, the checkpointed peaks
+    and the targets."""
+    swept = [r for r in rows if r["section"] == "depth"]
+    who = ", ".join(args.peers) or {"none": "none asked for"}.get(
+        args.peer_option, "none with --eager" if args.eager else "none importable here")
     notes = [
         f"- suite `{args.suite}`" + (": scaled-down shapes, so that it runs in minutes on a CPU; "
-                                     "`--suite full` runs the seed's" if args.suite == "default" else ""),
-        f"- MLX figures: medians of {args.repeats} (min–max), cases round-robin in one process; "
-        "peaks after `mx.synchronize()`, cache cleared first, above the memory active before the step; "
-        f"times: {measure.TIMES}",
-        "- ratios: against the plain step (`none`) of the same framework and workload; "
-        "`none` and the other MLX strategies evaluate with `mx.eval`, `none-policy` and `nuvec` with `nv.eval`",
-        f"- peers run in their own processes ({', '.join(peers) or none}); "
-        "each row's `method` in results.json says how its peak was read",
-        *depth_notes(growth, depths),
+                                     "`--suite full` runs the seed's and larger" if args.suite == "default" else ""),
+        f"- MLX figures: medians of {args.repeats} (min–max; every repeat in results.json), cases round-robin "
+        "in one process; peaks after `mx.synchronize()`, cache cleared first, above the memory active before "
+        f"the step; times: {measure.TIMES}",
+        f"- peers: medians of {args.peer_repeats}, each peer and strategy in its own process "
+        f"({who}); each row's `method` in results.json says how its peak was read",
+        "- ratios: against the plain step (`none`) of the same framework and workload; `none` and the other "
+        "MLX strategies evaluate with `mx.eval`, `none-policy` and `nuvec` with `nv.eval`",
+        "- floor: the bytes a checkpointed step of the workload cannot go below by MLX's vjps "
+        "(stored block inputs, finished weight gradients, one block's backward live set; "
+        "`nuvec_mlx_bench.floors`); `x floor` is the median peak over it",
+        *depth_notes(swept),
     ]
-    return notes + targets.checks(rows, growth, depths, args.budget)
+    return notes + report.checkpointed_peaks(rows) + targets.checks(rows, backend, args.budget)
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+def main(argv: list[str] | None = None) -> int:
+    """The ``nuvec-mlx-bench`` command: run the benchmark, exit status 0."""
+    run(argv)
+    return 0
+
+
+def run(argv: list[str] | None = None) -> list[dict]:
+    """Run the benchmark that the command line ``argv`` asks for; return its rows.
+
+    Example:
+        >>> rows = run(["--batch", "16", "--dim", "32", "--blocks", "2", "--peers", "none"])
+    """
     args = parse_args(argv)
     if args.budget is None:
         args.budget = nv.memory.current_budget()
+    env = {**environment.environment(environment.command_line(PROG, argv)),
+           "nv.eval budget": budgets.budget_text(args.budget)}
     with nv.memory.budget(args.budget):
-        return benchmark(args)
+        return benchmark(args, env)
 
 
-def benchmark(args: argparse.Namespace) -> list[dict]:
+def benchmark(args: argparse.Namespace, env: dict[str, str]) -> list[dict]:
     """Measure, report and write what ``args`` asks for, inside ``nv.memory.budget(args.budget)``."""
-    table_workloads, depth_base = selected(args)
-    peers = peers_to_run(args)
-    env = {**measure.environment(), "nv.eval budget": measure.budget_text(args.budget)}
     reports = mx.distributed.init().rank() == 0  # under mlx.launch, rank 0 reports every rank's peak
-    parts = len(table_workloads) + len(args.depths)
-    rows, depth = [], []
+    parts = len(args.workloads) + len(args.depths)
+    rows: list[dict] = []
 
     def save(done: int) -> list[str]:
         """Write what was measured so far: an interrupted run leaves its finished parts behind."""
-        notes = notes_for(args, peers, rows, depth, depth_base)
+        notes = notes_for(args, rows, env["backend"])
         if done < parts:
             notes.insert(0, f"- partial: {done} of {parts} parts measured (the run was still going)")
         if reports:
-            report.write(args.out, env, rows + depth, notes)
+            report.write(args.out, env, rows, notes)
         return notes
 
     notes = save(0)
-    for done, w in enumerate(table_workloads, 1):
+    for done, w in enumerate(args.workloads, 1):
         rows += mlx_rows(w, args.strategies, args.repeats, "strategies")
-        rows += peer_rows(w, peers, args.peer_python, args.repeats) if peers else []
+        rows += peer_rows(w, args.peers, args.peer_python, args.peer_repeats) if args.peers else []
         notes = save(done)
-    for done, blocks in enumerate(args.depths, len(table_workloads) + 1):
-        w = dataclasses.replace(depth_base, blocks=blocks)
-        depth += mlx_rows(w, [s for s in DEPTH_STRATEGIES if s in args.strategies], args.repeats, "depth")
+    for done, blocks in enumerate(args.depths, len(args.workloads) + 1):
+        w = dataclasses.replace(args.depth_base, blocks=blocks)
+        rows += mlx_rows(w, [s for s in DEPTH_STRATEGIES if s in args.strategies], args.repeats, "depth")
         notes = save(done)
     if reports:
-        print("\n".join(report.table(rows + depth)))
+        print("\n".join(report.table(rows)))
         print("\n".join(notes))
         print(f"wrote results.json, results.md and plots into {args.out}")
-    return rows + depth
+    return rows
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -10,26 +10,25 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from nuvec_mlx_bench.results import label  # noqa: E402
+
 MiB = 1 << 20
 
 
-def label(row: dict) -> str:
-    """The workload of a row, as a short heading."""
-    shape = f"B={row['batch']}" + (f" T={row['seq']}" if row["model"] == "transformer" else "")
-    grads = "input+weight grads" if row["weight_grads"] else "input grad"
-    mode = "compiled" if row["compiled"] else "eager"
-    return f"{row['model']} {shape} D={row['dim']} {row['blocks']} blocks, {grads}, {mode}"
-
-
 def table(rows: list[dict]) -> list[str]:
-    """Markdown table lines: one line per row, ratios against the same workload's plain step."""
+    """Markdown table lines: one line per row, ratios against the same workload's plain step.
+
+    ``floor`` is the workload's analytic floor (:mod:`nuvec_mlx_bench.floors`)
+    and ``x floor`` the median peak over it.
+    """
     lines = [
-        "| workload | framework | strategy | peak MiB (min–max) | peak ratio | step ms | time ratio |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| workload | framework | strategy | peak MiB (min–max) | peak ratio | floor MiB | x floor "
+        "| step ms | time ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {label(r)} | {r['framework']} | {r['strategy']} | error: {r['error']} | | | |")
+            lines.append(f"| {label(r)} | {r['framework']} | {r['strategy']} | error: {r['error']} | | | | | |")
             continue
         p, t = r["peak"], r["time"]
         ranks = r.get("peak_per_rank")
@@ -37,8 +36,34 @@ def table(rows: list[dict]) -> list[str]:
         lines.append(
             f"| {label(r)} | {r['framework']} | {r['strategy']} | {p['median'] / MiB:.1f} "
             f"({p['min'] / MiB:.1f}–{p['max'] / MiB:.1f}{per_rank}) | {r.get('peak_ratio', float('nan')):.3f} | "
+            f"{r['floor'] / MiB:.1f} | {r['peak_to_floor']:.2f} | "
             f"{t['median'] * 1e3:.1f} | {r.get('time_ratio', float('nan')):.3f} |"
         )
+    return lines
+
+
+#: The checkpointed peaks set beside one another, by (framework, strategy), and their headings.
+CHECKPOINTED = {("mlx", "nuvec"): "nuvec_mlx", ("torch-compile", "checkpoint"): "torch.compile + checkpoint",
+                ("jax-jit", "checkpoint"): "jax.jit + jax.checkpoint"}
+
+
+def checkpointed_peaks(rows: list[dict]) -> list[str]:
+    """Markdown lines: per workload, its floor and the absolute median peaks of nuvec_mlx,
+    ``torch.compile`` + checkpoint and ``jax.jit`` + checkpoint (MiB, x floor)."""
+    measured = _measured(rows, "strategies")
+    found = {(label(r), r["framework"], r["strategy"]): r for r in measured}
+    floors = {label(r): r["floor"] for r in measured}
+    if not floors:
+        return []
+    lines = ["", "Checkpointed peaks, absolute (MiB, x the floor; each peer's peak read as its `method` says):",
+             "", "| workload | floor | " + " | ".join(CHECKPOINTED.values()) + " |",
+             "| --- | --- |" + " --- |" * len(CHECKPOINTED)]
+    for name, floor in floors.items():
+        cells = []
+        for framework, strategy in CHECKPOINTED:
+            r = found.get((name, framework, strategy))
+            cells.append(f"{r['peak']['median'] / MiB:.1f} ({r['peak_to_floor']:.2f})" if r else "not run")
+        lines.append(f"| {name} | {floor / MiB:.1f} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -49,10 +74,19 @@ def markdown(env: dict, rows: list[dict], notes: list[str], plots: list[Path]) -
     return "\n".join(head + notes + [""] + table(rows) + [""] + pics) + "\n"
 
 
+def caption(env: dict) -> str:
+    """Where a plot's figures came from: command, backend, device, MLX version, BLAS."""
+    return (f"{env['command']}\nbackend {env['backend']}, {env['device']}, MLX {env['mlx']}, "
+            f"BLAS {env['blas']}, nv.eval budget {env.get('nv.eval budget', 'default')}")
+
+
 def write(out: Path, env: dict, rows: list[dict], notes: list[str]) -> list[Path]:
-    """Write ``results.json``, ``results.md`` and the plots into ``out``; return the files."""
+    """Write ``results.json``, ``results.md`` and the plots (each captioned with
+    :func:`caption`) into ``out``; return the files."""
     out.mkdir(parents=True, exist_ok=True)
-    plots = [p for p in (plot_strategies(rows, out), plot_depth(rows, out), plot_time(rows, out)) if p]
+    figures = {"peak_by_strategy.png": plot_strategies(rows), "peak_vs_depth.png": plot_depth(rows),
+               "time_vs_peak.png": plot_time(rows)}
+    plots = [_save(fig, out / name, caption(env)) for name, fig in figures.items() if fig is not None]
     (out / "results.json").write_text(
         json.dumps({"environment": env, "notes": notes, "rows": rows}, indent=1)
     )
@@ -64,8 +98,8 @@ def _measured(rows: list[dict], section: str) -> list[dict]:
     return [r for r in rows if r["section"] == section and "error" not in r]
 
 
-def plot_strategies(rows: list[dict], out: Path) -> Path | None:
-    """Bars of peak memory per strategy, one panel per workload."""
+def plot_strategies(rows: list[dict]) -> plt.Figure | None:
+    """Bars of peak memory per strategy, one panel per workload, its floor a dashed line."""
     rows = _measured(rows, "strategies")
     workloads = list(dict.fromkeys(label(r) for r in rows))
     if not workloads:
@@ -77,14 +111,16 @@ def plot_strategies(rows: list[dict], out: Path) -> Path | None:
         colors = ["tab:green" if r["strategy"] == "nuvec" else
                   "tab:blue" if r["framework"] == "mlx" else "tab:gray" for r in rs]
         ax.bar(range(len(rs)), [r["peak"]["median"] / MiB for r in rs], color=colors)
+        ax.axhline(rs[0]["floor"] / MiB, color="k", ls="--", lw=0.8)
+        ax.annotate(" floor", (1, rs[0]["floor"] / MiB), xycoords=("axes fraction", "data"), fontsize=7, va="center")
         ax.set_xticks(range(len(rs)), names, fontsize=7, rotation=30, ha="right")
         ax.set_ylabel("peak MiB")
         ax.set_title(w + " (peers' peaks: see results.json's method)", fontsize=9)
-    fig.tight_layout()
-    return _save(fig, out / "peak_by_strategy.png")
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    return fig
 
 
-def plot_depth(rows: list[dict], out: Path) -> Path | None:
+def plot_depth(rows: list[dict]) -> plt.Figure | None:
     """Peak memory against the number of blocks, one line per strategy."""
     rows = _measured(rows, "depth")
     if not rows:
@@ -98,11 +134,11 @@ def plot_depth(rows: list[dict], out: Path) -> Path | None:
     ax.set_ylabel("peak MiB")
     ax.set_title(label(rows[0]).replace(f"{rows[0]['blocks']} blocks", "depth sweep"), fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    return _save(fig, out / "peak_vs_depth.png")
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    return fig
 
 
-def plot_time(rows: list[dict], out: Path) -> Path | None:
+def plot_time(rows: list[dict]) -> plt.Figure | None:
     """Step time against peak memory, as ratios to the plain step: one colour per strategy, one marker per workload."""
     rows = [r for r in _measured(rows, "strategies") if "time_ratio" in r]
     if not rows:
@@ -120,11 +156,12 @@ def plot_time(rows: list[dict], out: Path) -> Path | None:
     ax.legend(handles=handles, fontsize=6, loc="center left", bbox_to_anchor=(1, 0.5))
     ax.set_xlabel("peak / plain peak")
     ax.set_ylabel("step time / plain step time")
-    fig.tight_layout()
-    return _save(fig, out / "time_vs_peak.png")
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
 
 
-def _save(fig: plt.Figure, path: Path) -> Path:
+def _save(fig: plt.Figure, path: Path, text: str) -> Path:
+    fig.text(0.01, 0.01, text, fontsize=6, va="bottom", wrap=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

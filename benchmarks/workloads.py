@@ -1,24 +1,25 @@
-"""The benchmark's workloads: the seed MLP and a small decoder-only transformer.
+"""The benchmark's workloads in MLX: the seed MLP and a small decoder-only transformer.
 
-Each workload is ``blocks`` residual blocks written as flat functions
-(``list[mx.array] -> list[mx.array]``), one ``value_and_grad`` step with
-respect to the input only (or, with ``weight_grads``, to every weight too),
-compiled by default. The seed MLP is nuvec-compile 0.6.1's checkpoint memory
-test: blocks ``[B, D] -> [B, 4D] -> [B, D]`` in float32, B=4096, D=256, 8
-blocks. ``benchmarks/peers.py`` builds the same models in PyTorch and JAX.
+Each :class:`~nuvec_mlx_bench.workload.Workload` is ``blocks`` residual blocks
+written as flat functions (``list[mx.array] -> list[mx.array]``), one
+``value_and_grad`` step with respect to the input only (or, with
+``weight_grads``, to every weight too), compiled unless the workload says
+otherwise. The seed MLP is nuvec-compile 0.6.1's checkpoint memory test
+(:data:`~nuvec_mlx_bench.workload.SEED`). :mod:`nuvec_mlx_bench.peers`
+builds the same models in PyTorch and JAX.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
 
 import nuvec_mlx as nv
-from benchmarks import shapes
+from nuvec_mlx_bench import inputs
+from nuvec_mlx_bench.workload import Workload
 
 #: How each block is checkpointed, and how the step is evaluated:
 #: ``none`` no checkpoint (mx.eval); ``none-policy`` no checkpoint (nv.eval);
@@ -27,7 +28,6 @@ from benchmarks import shapes
 #: first by hand, as the mflux project does; ``nuvec-nopolicy``
 #: :func:`nuvec_mlx.checkpoint_flat` (mx.eval); ``nuvec`` checkpoint_flat (nv.eval).
 STRATEGIES = ("none", "none-policy", "mx", "nn", "mx-ordered", "nuvec-nopolicy", "nuvec")
-MODELS = ("mlp", "transformer")
 
 
 def mlp_block(xs: list[mx.array]) -> list[mx.array]:
@@ -50,13 +50,13 @@ def transformer_block(xs: list[mx.array]) -> list[mx.array]:
 
 
 def filled(shape: tuple[int, ...], seed: float) -> mx.array:
-    """Deterministic, well-scaled values (the seed's ``sin(arange * seed) * 0.05``)."""
-    return (mx.sin(mx.arange(math.prod(shape), dtype=mx.float32) * seed) * 0.05).reshape(shape)
+    """:func:`nuvec_mlx_bench.inputs.filled` as an MLX array."""
+    return mx.array(inputs.filled(shape, seed))
 
 
-def block_weights(model: str, dim: int, i: int) -> list[mx.array]:
-    """The weights of block ``i``; every block has its own values."""
-    return [filled(shape, seed) for shape, seed in shapes.block_weights(model, dim, i)]
+def block_weights(workload: Workload, i: int) -> list[mx.array]:
+    """The weights of block ``i`` of ``workload``; every block has its own values."""
+    return [mx.array(w) for w in inputs.block_weights(workload, i)]
 
 
 @dataclasses.dataclass
@@ -70,51 +70,37 @@ class Scenario:
     inputs: list[mx.array]
     step: Callable[[list[mx.array]], list[mx.array]]
     evaluate: Callable[[list[mx.array]], None]
-    blocks: int
 
 
-def build(
-    strategy: str = "none",
-    batch: int = 4096,
-    dim: int = 256,
-    blocks: int = 8,
-    weight_grads: bool = False,
-    compiled: bool = True,
-    model: str = "mlp",
-    seq: int = 1,
-) -> Scenario:
-    """Build one workload's step.
+def build(strategy: str, workload: Workload) -> Scenario:
+    """Build one workload's step, checkpointed and evaluated as ``strategy`` says.
 
     Args:
         strategy: one of :data:`STRATEGIES`.
-        batch, dim, blocks: the shapes; the seed uses 4096, 256 and 8.
-        weight_grads: also differentiate every weight.
-        compiled: compile the step with :func:`nuvec_mlx.compile_flat`.
-        model: ``"mlp"`` (:func:`mlp_block`) or ``"transformer"``
-            (:func:`transformer_block`, whose input is ``[batch, seq, dim]``).
-        seq: the transformer's sequence length (the MLP ignores it).
+        workload: the model, its shape and which gradients to take.
+
+    Raises:
+        ValueError: ``strategy`` is not one of :data:`STRATEGIES`.
 
     Example:
-        >>> sc = build("nuvec", batch=256, dim=64)
+        >>> sc = build("nuvec", Workload("mlp", batch=256, dim=64, blocks=8))
         >>> sc.evaluate(sc.step(sc.inputs))
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
-    if model not in MODELS:
-        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
-    weights = [w for i in range(blocks) for w in block_weights(model, dim, i)]
-    per = len(weights) // blocks
-    inputs = weights + [filled((batch, dim) if model == "mlp" else (batch, seq, dim), shapes.INPUT_SEED)]
-    mx.eval(inputs)
-    fn = _wrap(strategy, mlp_block if model == "mlp" else transformer_block)
+    host_weights, host_x = inputs.host_inputs(workload)
+    xs = [mx.array(a) for a in [*host_weights, host_x]]
+    mx.eval(xs)
+    per = len(host_weights) // workload.blocks
+    fn = _wrap(strategy, mlp_block if workload.model == "mlp" else transformer_block)
 
     def loss(xs: list[mx.array]) -> mx.array:
         h = xs[-1]
-        for i in range(blocks):
+        for i in range(workload.blocks):
             h = fn([h, *xs[per * i : per * (i + 1)]])[0]
         return h.sum()
 
-    argnums = list(range(len(inputs))) if weight_grads else [len(weights)]
+    argnums = list(range(len(xs))) if workload.weight_grads else [len(xs) - 1]
     vg = nv.value_and_grad_flat(loss, argnums)
 
     def step(xs: list[mx.array]) -> list[mx.array]:
@@ -122,10 +108,9 @@ def build(
         return grads + [value]
 
     return Scenario(
-        inputs,
-        nv.compile_flat(step) if compiled else step,
-        _evaluator(strategy, per, weight_grads),
-        blocks,
+        xs,
+        nv.compile_flat(step) if workload.compiled else step,
+        _evaluator(strategy, per, workload.weight_grads),
     )
 
 
@@ -161,15 +146,3 @@ def ordered_eval(outputs: list[mx.array], per: int) -> None:
     for i in reversed(range(0, len(weight_grads), per)):
         mx.eval(weight_grads[i : i + per])
     mx.eval(outputs)
-
-
-def peak(scenario: Scenario, evaluate: Callable | None = None) -> int:
-    """Peak bytes of one step above the memory active before it (cache cleared first).
-
-    ``evaluate`` replaces the strategy's own evaluation, for example to set a budget.
-    """
-    with nv.memory.measure(clear_cache=True) as m:
-        outputs = scenario.step(scenario.inputs)
-        (evaluate or scenario.evaluate)(outputs)
-        del outputs
-    return m.peak

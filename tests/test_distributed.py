@@ -167,7 +167,7 @@ def test_benchmark_reports_every_ranks_peak_in_rank_order(ranks):
 
 
 def test_benchmark_adds_no_rank_peaks_in_one_process():
-    from benchmarks import measure
+    from nuvec_mlx_bench import measure
 
     cases = {"a": {"peak": {"median": 5}}}
     assert measure.add_rank_peaks(cases) == {"a": {"peak": {"median": 5}}}

@@ -1,4 +1,7 @@
 """How the CUDA default-budget peak of the seed step varies: alone, interleaved, with/without cache clear."""
+# A throw-away probe, kept to reproduce benchmarks/results/h200/2026-12-03-variance/: it ran at commit
+# 9ed2516 and was committed with its results in 3119fb5; it imports the benchmark as it was then
+# (`git checkout 3119fb5`, then run it from the repository's root).
 import statistics, time
 import mlx.core as mx
 import nuvec_mlx as nv

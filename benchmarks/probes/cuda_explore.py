@@ -1,4 +1,7 @@
 """Throw-away: peaks/times of the seed step under one env config (one process)."""
+# A throw-away probe, kept to reproduce benchmarks/results/h200/2026-12-03-explore/: it ran at commit
+# b824762 and was committed with its results in 3264d0d; it imports the benchmark as it was then
+# (`git checkout 3264d0d`, then run it from the repository's root).
 import json, math, os, sys
 sys.path.insert(0, os.getcwd())
 import mlx.core as mx

@@ -1,0 +1,30 @@
+"""The ``nv.eval`` budget on the command line and in the results."""
+
+from __future__ import annotations
+
+import math
+
+MiB = 1 << 20
+
+
+def parse_budget(text: str) -> float:
+    """A budget from the command line: MiB (``"0"``, ``"64"``, ``"0.5"``) or ``"inf"``, in bytes.
+
+    Raises:
+        ValueError: ``text`` is neither ``"inf"`` nor a number of MiB >= 0.
+
+    Example:
+        >>> parse_budget("0.5")
+        524288
+    """
+    if text == "inf":
+        return math.inf
+    mib = float(text)
+    if not mib >= 0:
+        raise ValueError(f"a budget must be 'inf' or MiB >= 0, got {text!r}")
+    return int(mib * MiB)
+
+
+def budget_text(nbytes: float) -> str:
+    """A budget as the results print it."""
+    return "inf (nv.eval runs mx.eval)" if nbytes == math.inf else f"{nbytes / MiB:g} MiB"

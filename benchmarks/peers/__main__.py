@@ -1,0 +1,7 @@
+"""``python -m nuvec_mlx_bench.peers``: one peer measurement, check or calibration (:mod:`.process`)."""
+
+import sys
+
+from nuvec_mlx_bench.peers.process import main
+
+sys.exit(main())

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The benchmark runs behind benchmarks/results/h200/, on a lent H200 laid out as
+# shared/device/mlx-cuda.md describes: offline, MLX wheels in $WHEELS, PyTorch, JAX and the NVIDIA
+# libraries in $TORCH_VENV. From the repository's root:
+#   bash scripts/run_cuda.sh OUTDIR PART
+# PART picks the runs, each written into OUTDIR/PART/ with its log OUTDIR/PART.log:
+#   suite       the full benchmark (15 MLX repeats, 3 per peer), nuvec_mlx's defaults (one op per
+#               CUDA graph), PyTorch and JAX
+#   mlx-graphs  the MLX strategies again with MLX's own CUDA graph size (100 ops on an H200)
+#   budgets     budget sweeps of the seed step, input-only and with weight gradients
+#   budget0     the seed MLP (input gradient) and its depth sweep at budget 0: no run-ahead, and its cost
+#   all         every part, each whether or not the one before failed, then OUTDIR packed into
+#               OUTDIR.tgz (the device returns at most 8 files: keep OUTDIR outside the folder
+#               that comes back and copy OUTDIR.tgz into it)
+# A part that fails says so at the end of its log and on the console; the others still run, and
+# the script's exit status is 1 if any part failed.
+set -uo pipefail
+usage="usage: run_cuda.sh OUTDIR suite|mlx-graphs|budgets|budget0|all"
+out=${1:?$usage}
+part=${2:?$usage}
+# The machine's paths, each overridable from the environment.
+WHEELS=${WHEELS:-/root/stash}                   # the MLX wheels (mlx, mlx-cuda-13 in parts)
+SITE=${SITE:-/tmp/site}                         # where they are installed
+TORCH_VENV=${TORCH_VENV:-/opt/torch/.venv}      # PyTorch, JAX and the NVIDIA libraries
+NVIDIA_LIBS=${NVIDIA_LIBS:-$TORCH_VENV/lib/python3.12/site-packages/nvidia}
+BENCH_SRC=${BENCH_SRC:-/tmp/nuvec-bench-src}    # benchmarks/ under its import name, nuvec_mlx_bench
+PY=$TORCH_VENV/bin/python
+
+set -e
+# The mlx-cuda-13 wheel travels as parts (split -b 45m ... cudapart.): join them first.
+if ls "$WHEELS"/cudapart.* >/dev/null 2>&1; then
+  cat "$WHEELS"/cudapart.* > "$WHEELS/mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl" && rm "$WHEELS"/cudapart.*
+fi
+[ -d "$SITE/mlx" ] || python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$WHEELS"/*.whl
+# The benchmark package without installing it (offline): a link named as the package imports it.
+mkdir -p "$BENCH_SRC" && ln -sfn "$PWD/benchmarks" "$BENCH_SRC/nuvec_mlx_bench"
+export PYTHONPATH=$SITE:$PWD:$BENCH_SRC PYTHONUNBUFFERED=1
+export LD_LIBRARY_PATH=$NVIDIA_LIBS/cu13/lib:$NVIDIA_LIBS/cudnn/lib:$NVIDIA_LIBS/nccl/lib
+mkdir -p "$out"
+$PY -c "import mlx.core as mx; print(mx.default_device(), mx.device_info()['device_name'])"
+set +e
+
+bench() { $PY -m nuvec_mlx_bench.peak_memory "$@"; }
+sweep() { $PY -m nuvec_mlx_bench.budget_sweep "$@"; }
+part_suite() { bench --suite full --peer-python "$PY" --peers torch-eager,torch-compile,jax-jit --out "$out/suite"; }
+part_mlx_graphs() { MLX_MAX_OPS_PER_BUFFER=100 bench --suite full --peers none --out "$out/mlx-graphs"; }
+part_budgets() {
+  sweep --repeats 9 --budgets inf,0,16,64,256 --out "$out/budgets" &&
+    sweep --weight-grads --repeats 9 --budgets inf,0,16,64,256 --out "$out/budgets"
+}
+part_budget0() {
+  bench --suite full --models mlp --weight-grads off --budget 0 --strategies none,none-policy,nuvec \
+    --peers none --out "$out/budget0"
+}
+
+failed=0
+run_part() {  # run_part NAME: the part's output into its log; a failure is said, not fatal
+  local name=$1 log="$out/$1.log" status
+  echo "+ part $name (log: $log)"
+  "part_${name//-/_}" >"$log" 2>&1
+  status=$?
+  if [ "$status" -eq 0 ]; then
+    echo "part $name: done" | tee -a "$log"
+  else
+    echo "part $name: FAILED (exit status $status)" | tee -a "$log"
+    failed=1
+  fi
+}
+
+case $part in
+  suite|mlx-graphs|budgets|budget0) run_part "$part" ;;
+  all)
+    for p in suite mlx-graphs budgets budget0; do run_part "$p"; done
+    tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")" && echo "packed $out into $out.tgz"
+    ;;
+  *) echo "$usage" >&2; exit 2 ;;
+esac
+exit $failed
