@@ -1,31 +1,34 @@
 """nuvec_mlx: gradient checkpointing for MLX that lowers peak memory, also under compile.
 
 This module only re-exports. Where a public function and the module that
-defines it share a name (``checkpoint``), ``nuvec_mlx.<name>`` is the
-function; the module is its home (``nuvec_mlx.checkpoint.checkpoint`` is the
-same object).
+defines it share a name (``checkpoint``, ``compile``), ``nuvec_mlx.<name>``
+is the function; the module is its home (``sys.modules["nuvec_mlx.checkpoint"]
+.checkpoint`` is the same object).
 """
 
 from . import memory
 from .checkpoint import checkpoint, checkpoint_flat
-from .compile import CompiledFlat, compile_flat
+from .compile import Compiled, CompiledFlat, compile, compile_flat
 from .evaluate import eval
-from .grad import grad_flat, value_and_grad_flat
+from .grad import grad_flat, value_and_grad, value_and_grad_flat
 from .nn import checkpoint_layers, checkpoint_module, checkpoint_sequential, is_checkpointed
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Compiled",
     "CompiledFlat",
     "checkpoint",
     "checkpoint_flat",
     "checkpoint_layers",
     "checkpoint_module",
     "checkpoint_sequential",
+    "compile",
     "compile_flat",
     "eval",
     "grad_flat",
     "is_checkpointed",
     "memory",
+    "value_and_grad",
     "value_and_grad_flat",
 ]

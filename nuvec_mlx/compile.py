@@ -1,52 +1,111 @@
-"""Compiled steps: :func:`mlx.core.compile` for flat functions.
+"""Compiled steps: :func:`mlx.core.compile`, carrying a step's stages out of the trace.
 
-A *flat* function takes a list of arrays and returns a list of arrays. This is
-nuvec's calling convention: no pytrees to flatten on the hot path, and
-positions name what to differentiate (:mod:`nuvec_mlx.grad`).
+Checkpoints mark stages while a gradient is built (:mod:`nuvec_mlx._stages`).
+Inside :func:`mlx.core.compile` they are built once, at trace time, so the
+compiled function returns them as hidden extra outputs, and each call
+registers its own with what it returns and with the state it updates: then
+:func:`nuvec_mlx.eval` of the step's results evaluates the step block by
+block. :func:`compile` takes what :func:`mlx.core.compile` takes;
+:func:`compile_flat` is the form for flat functions (lists of arrays in and
+out), with the random state as compile state.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from . import _random, _stages, _validate
 
 FlatFn = Callable[[list[mx.array]], Sequence[mx.array]]
 
 
-class CompiledFlat:
-    """A flat function compiled with :func:`mlx.core.compile`.
+class Compiled:
+    """A function compiled with :func:`mlx.core.compile`, its stages carried out of the trace.
 
-    Calls take and return lists of arrays. ``mx.random.state`` is part of the
-    compiled state, so random draws inside the step advance it as they would
-    uncompiled. ``traces`` counts how often the Python function was traced:
-    it stays at 1 over repeated calls with the same shapes when compilation
-    really happened, and grows with every call when MLX skipped compilation
-    (on Linux CPU without ``g++`` on ``PATH``, or under
-    :func:`mlx.core.disable_compile`).
+    Calls take and return what the function takes and returns. ``traces``
+    counts how often the Python function was traced: it stays at 1 over
+    repeated calls with the same shapes when compilation really happened, and
+    grows with every call when MLX skipped compilation (on Linux CPU without
+    ``g++`` on ``PATH``, or under :func:`mlx.core.disable_compile`).
+    """
+
+    def __init__(self, fn: Callable, inputs: Any = None, outputs: Any = None, shapeless: bool = False):
+        functools.update_wrapper(self, fn)
+        self._fn, self._outputs = fn, outputs
+        self.traces = 0
+        self._compiled = mx.compile(self._trace, inputs=inputs, outputs=outputs, shapeless=shapeless)
+
+    def _trace(self, *args: Any, **kwargs: Any) -> tuple[Any, list[mx.array]]:
+        self.traces += 1
+        with _stages.collecting() as stages:
+            out = self._fn(*args, **kwargs)
+        return out, list(stages)  # the stages come out as hidden outputs
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # A trace that raises leaves MLX's placeholder key behind.
+        with _random.restored_on_error():
+            out, stages = self._compiled(*args, **kwargs)
+        results = [a for _, a in tree_flatten([out, self._outputs]) if isinstance(a, mx.array)]
+        _stages.hand_on(results, stages)
+        return out
+
+
+def compile(
+    fun: Callable | None = None, *, inputs: Any = None, outputs: Any = None, shapeless: bool = False
+) -> Callable:
+    """:func:`mlx.core.compile`, with the stages of checkpoints inside kept for :func:`nuvec_mlx.eval`.
+
+    Args:
+        fun: the function to compile; omitted, ``compile`` returns a decorator.
+        inputs, outputs, shapeless: as for :func:`mlx.core.compile`: state the
+            function reads and updates (a model's and an optimizer's state,
+            ``mx.random.state``), and whether to retrace on new shapes.
+
+    Returns:
+        A :class:`Compiled` function with the values of ``fun``. Evaluate what
+        it returns, or the ``outputs`` state it updated, with
+        :func:`nuvec_mlx.eval` to evaluate the step one checkpointed block at a
+        time; :func:`mlx.core.eval` evaluates it in one go, as before.
+
+    Example:
+        >>> state = [model.state, optimizer.state, mx.random.state]
+        >>> @nv.compile(inputs=state, outputs=state)
+        ... def step(x, y):
+        ...     loss, grads = nv.value_and_grad(model, loss_fn)(model, x, y)
+        ...     optimizer.update(model, grads)
+        ...     return loss
+        >>> nv.eval(step(x, y), state)
+    """
+    _validate.check_bool(shapeless, "shapeless")
+    if fun is None:
+        return functools.partial(compile, inputs=inputs, outputs=outputs, shapeless=shapeless)
+    _validate.check_callable(fun, "fun")
+    return Compiled(fun, inputs=inputs, outputs=outputs, shapeless=shapeless)
+
+
+class CompiledFlat(Compiled):
+    """A flat function compiled with :func:`mlx.core.compile`: lists of arrays in and out.
+
+    ``mx.random.state`` is part of the compiled state, so random draws inside
+    the step advance it as they would uncompiled. ``traces`` is as for
+    :class:`Compiled`.
     """
 
     def __init__(self, fn: FlatFn):
-        self._fn = fn
-        self.traces = 0
-        state = [mx.random.state]
-        self._compiled = mx.compile(self._trace, inputs=state, outputs=state)
+        def flat(*xs: mx.array) -> list[mx.array]:
+            return _validate.check_outputs(fn(list(xs)), fn)
 
-    def _trace(self, *xs: mx.array) -> tuple[list[mx.array], list[mx.array]]:
-        self.traces += 1
-        with _stages.collecting() as stages:
-            out = _validate.check_outputs(self._fn(list(xs)), self._fn)
-        return out, list(stages)  # the stages come out as hidden outputs
+        functools.update_wrapper(flat, fn)
+        state = [mx.random.state]
+        super().__init__(flat, inputs=state, outputs=state)
 
     def __call__(self, xs: Sequence[mx.array]) -> list[mx.array]:
-        xs = _validate.check_array_list(xs, "xs")
-        # A trace that raises leaves MLX's placeholder key behind.
-        with _random.restored_on_error():
-            out, stages = self._compiled(*xs)
-        _stages.hand_on(out, stages)
-        return list(out)
+        return list(super().__call__(*_validate.check_array_list(xs, "xs")))
 
 
 def compile_flat(fn: FlatFn) -> CompiledFlat:

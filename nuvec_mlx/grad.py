@@ -1,4 +1,11 @@
-"""Gradients of flat losses: positions (``argnums``) name what to differentiate.
+"""Gradients that keep the stages of the checkpoints they pass through.
+
+:func:`value_and_grad` is :func:`mlx.nn.value_and_grad` (a model's trainable
+parameters); :func:`value_and_grad_flat` differentiates a flat loss by
+position (``argnums``). Both collect the stages that checkpoints mark while
+the backward pass is built and register them with the gradients, so that
+:func:`nuvec_mlx.eval` evaluates the backward pass one block at a time (also
+eagerly); inside a compiled step they hand them to the step instead.
 
 Inputs that ``argnums`` does not name are constants, and checkpoints inside the
 loss are told so (:func:`nuvec_mlx.checkpoint.constant_inputs`): they compute
@@ -8,8 +15,13 @@ no gradient for them, which keeps an input-only step at its FLOP floor.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
+
+import functools
 
 import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from . import _flat, _stages, _validate
 from .checkpoint import constant_inputs
@@ -76,3 +88,32 @@ def grad_flat(
     """
     vg = value_and_grad_flat(loss, argnums)
     return lambda xs: vg(xs)[1]
+
+
+def value_and_grad(model: nn.Module, fn: Callable) -> Callable[..., tuple[Any, Any]]:
+    """:func:`mlx.nn.value_and_grad`, keeping the stages of the checkpoints inside.
+
+    Args:
+        model: the module whose trainable parameters are differentiated.
+        fn: the scalar function, called with the arguments given to the result.
+
+    Returns:
+        ``vg(*args, **kwargs) -> (value, grads)``, as :func:`mlx.nn.value_and_grad`.
+
+    Example:
+        >>> nv.checkpoint_layers(model)
+        >>> loss, grads = nv.value_and_grad(model, loss_fn)(model, x, y)
+        >>> nv.eval(loss, grads)  # the backward pass one block at a time
+    """
+    _validate.check_module(model, "model")
+    _validate.check_callable(fn, "fn")
+    vg = nn.value_and_grad(model, fn)
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        with _stages.collecting() as stages:
+            value, grads = vg(*args, **kwargs)
+        _stages.hand_on([g for _, g in tree_flatten(grads)], stages)
+        return value, grads
+
+    return wrapped

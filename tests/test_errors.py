@@ -41,6 +41,16 @@ CATALOGUE = [
      TypeError, r"^xs\[0\] must be an mlx.core.array, got float$"),
     ("compiled step: fn returns a bare array", lambda: nv.compile_flat(lambda xs: xs[0])([a]),
      TypeError, r"value returned by fn \(.*\) must be a list or tuple of mlx.core.array, got array"),
+    # compile
+    ("compile: fun not callable", lambda: nv.compile(3),
+     TypeError, r"^fun must be callable, got int$"),
+    ("compile: shapeless not a bool", lambda: nv.compile(total, shapeless="yes"),
+     TypeError, r"^shapeless must be a bool, got str$"),
+    # value_and_grad
+    ("value_and_grad: model not a module", lambda: nv.value_and_grad(total, total),
+     TypeError, r"^model must be an mlx.nn.Module, got function$"),
+    ("value_and_grad: fn not callable", lambda: nv.value_and_grad(nn.Linear(2, 2), None),
+     TypeError, r"^fn must be callable, got NoneType$"),
     # value_and_grad_flat
     ("value_and_grad_flat: loss not callable", lambda: nv.value_and_grad_flat(None, 0),
      TypeError, r"^loss must be callable, got NoneType$"),
@@ -162,7 +172,7 @@ def test_misuse_raises_a_precise_error(misuse, error, match):
     assert type(info.value) is error
 
 
-PUBLIC = [*(n for n in nv.__all__ if n not in ("memory", "CompiledFlat")),
+PUBLIC = [*(n for n in nv.__all__ if n not in ("memory", "Compiled", "CompiledFlat")),
           *(f"memory.{n}" for n in ("stats", "reset_peak", "measure", "budget", "current_budget", "all_stats"))]
 
 

@@ -80,3 +80,124 @@ def test_eval_within_budget_lowers_the_peak_of_what_runs_ahead(compiled):
 def test_eval_bad_budget_raises(budget, error):
     with pytest.raises(error, match="budget"):
         nv.eval(mx.ones(2), budget=budget)
+
+
+def _mlp_step(strategy: str, batch: int = 256, dim: int = 64, blocks: int = 6, weight_grads: bool = False):
+    from nuvec_mlx_bench import workloads
+    from nuvec_mlx_bench.workload import Workload
+
+    return workloads.build(strategy, Workload("mlp", batch=batch, dim=dim, blocks=blocks, weight_grads=weight_grads))
+
+
+class EvalSpy:
+    """Records each mx.eval that nv.eval makes: active memory after it, its peak above its start."""
+
+    def __init__(self, monkeypatch):
+        self.calls, real = [], mx.eval
+
+        def spy(*args):
+            mx.synchronize()
+            start = mx.get_active_memory()
+            mx.reset_peak_memory()
+            real(*args)
+            mx.synchronize()
+            self.calls.append((args, mx.get_active_memory(), mx.get_peak_memory() - start))
+
+        monkeypatch.setattr(mx, "eval", spy)
+
+
+def test_a_step_without_checkpoints_is_mx_eval_itself(monkeypatch, compiled):
+    sc = _mlp_step("none")
+    outputs = sc.step(sc.inputs)
+    limits = []
+    monkeypatch.setattr(mx, "set_memory_limit", lambda n: limits.append(n))
+    spy = EvalSpy(monkeypatch)
+    nv.eval(outputs, "x")
+    assert [args for args, _, _ in spy.calls] == [(outputs, "x")]
+    assert limits == []  # no throttle either
+
+
+@pytest.mark.parametrize("weight_grads", [False, True], ids=["input grad", "weight grads"])
+def test_a_checkpointed_step_is_evaluated_forward_then_backward_one_block_at_a_time(
+    monkeypatch, compiled, weight_grads
+):
+    blocks, batch, dim = 6, 256, 64
+    plain = _mlp_step("none", batch, dim, blocks, weight_grads)
+    with nv.memory.measure() as m:
+        mx.eval(plain.step(plain.inputs))
+    sc = _mlp_step("nuvec", batch, dim, blocks, weight_grads)
+    nv.eval(sc.step(sc.inputs))  # compile
+    outputs = sc.step(sc.inputs)
+    mx.synchronize()
+    active = [mx.get_active_memory()]
+    spy = EvalSpy(monkeypatch)
+    nv.eval(outputs, budget=math.inf)
+    # A stage after each block's forward, one after each block's backward, then the outputs.
+    assert len(spy.calls) == 2 * blocks + 1
+    active += [after for _, after, _ in spy.calls]
+    block_input = 4 * batch * dim
+    block_grads = 4 * 8 * dim * dim if weight_grads else 0
+    forward, backward = active[: blocks + 1], active[blocks + 1 : -1]
+    # Forward stages keep one more block input each (and a mark of a byte or
+    # so); each backward stage after
+    # the first (the last block's) frees its block's input and keeps, at most,
+    # its weight gradients.
+    assert all(0 <= b - a - block_input < 64 for a, b in zip(forward, forward[1:])), forward
+    grown = [b - a for a, b in zip(backward, backward[1:])]
+    assert all(g <= block_grads - block_input + 4096 for g in grown[:-1]), backward
+    assert grown[-1] <= block_grads + 4096, backward  # the first block's input is the step's own
+    # No stage ran more than about one block: a wrong order would run all in one.
+    assert max(peak for _, _, peak in spy.calls) <= 0.25 * m.peak
+
+
+def test_a_checkpointed_step_through_nv_eval_peaks_far_below_the_plain_step(compiled):
+    from nuvec_mlx_bench import measure, rounds
+
+    def peak(strategy, evaluate):
+        sc = _mlp_step(strategy, blocks=8)
+        evaluate(sc.step(sc.inputs))
+        return max(rounds.peak(lambda: sc.step(sc.inputs), evaluate, measure.MlxProbe()) for _ in range(3))
+
+    plain, staged = peak("none", mx.eval), peak("nuvec", nv.eval)
+    assert staged <= 0.30 * plain, f"{staged / plain:.3f} of the plain peak"
+
+
+def test_stages_not_taken_by_nv_eval_keep_no_memory(compiled):
+    sc = _mlp_step("nuvec")
+    nv.eval(sc.step(sc.inputs))
+    out = sc.step(sc.inputs)
+    mx.eval(out)
+    del out
+    start = nv.memory.stats().active
+    for _ in range(50):
+        out = sc.step(sc.inputs)
+        mx.eval(out)  # the stages are never evaluated on their own
+    del out
+    assert abs(nv.memory.stats().active - start) < 4096
+
+
+def test_a_step_called_twice_before_evaluation_stages_only_what_is_evaluated(monkeypatch, compiled):
+    sc = _mlp_step("nuvec", blocks=3)
+    first, second = sc.step(sc.inputs), sc.step(sc.inputs)
+    spy = EvalSpy(monkeypatch)
+    nv.eval(second)
+    assert len(spy.calls) == 2 * 3 + 1  # second's stages, not first's
+    nv.eval(first)
+    assert len(spy.calls) == 2 * (2 * 3 + 1)
+    assert all(mx.array_equal(a, b).item() for a, b in zip(first, second))
+
+
+def test_checkpoints_inside_a_users_own_mx_compile_evaluate_unstaged_and_right(monkeypatch, compiled):
+    block = nv.checkpoint_flat(lambda xs: [xs[0] + mx.tanh(xs[0] @ xs[1])])
+    vg = nv.value_and_grad_flat(lambda xs: block(block(xs) + xs[1:])[0].sum(), [0, 1])
+    step = mx.compile(lambda x, w: vg([x, w]))
+    x, w = mx.ones((4, 4)) * 0.5, mx.eye(4) * 0.1
+    expected = vg([x, w])
+    nv.eval(expected)
+    for _ in range(2):
+        value, grads = step(x, w)
+        spy = EvalSpy(monkeypatch)
+        nv.eval(value, grads)  # the stages made inside the user's trace are not these arrays'
+        assert len(spy.calls) == 1
+        monkeypatch.undo()
+        assert_close([value, *grads], [expected[0], *expected[1]], 1e-6)

@@ -19,7 +19,7 @@ def test_every_exported_name_exists_and_has_a_docstring():
         assert getattr(nv, name).__doc__, name
 
 
-@pytest.mark.parametrize("name", ["checkpoint"])
+@pytest.mark.parametrize("name", ["checkpoint", "compile"])
 def test_a_name_shared_by_a_function_and_its_module_is_the_function(name):
     module = sys.modules[f"nuvec_mlx.{name}"]
     function = getattr(nv, name)
