@@ -17,7 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
-from . import _flat, _validate
+from . import _flat, _random, _validate
 
 FlatTransform = Callable[[Callable[[list[mx.array]], list[mx.array]]], Callable]
 
@@ -85,3 +85,39 @@ def call_flat(
     xs = [leaves[i] for i in positions] + [v for p in params for _, v in p]
     out = transform(flat)(xs)  # runs flat, which records the output's structure
     return _rebuild(template[0], out)
+
+
+def _visit(tree: Any, replace: Callable[[mx.array], mx.array]) -> None:
+    """Replace the array leaves of the lists and dicts in ``tree`` in place, depth first."""
+    if tree is mx.random.state:
+        _random.set_key(replace(_random.key()))
+        return
+    if isinstance(tree, (list, dict)):
+        items = tree.items() if isinstance(tree, dict) else enumerate(tree)
+        for k, v in list(items):
+            if isinstance(v, mx.array):
+                tree[k] = replace(v)
+            else:
+                _visit(v, replace)
+    elif isinstance(tree, tuple):
+        for v in tree:
+            _visit(v, replace)
+
+
+def snapshot(tree: Any) -> Callable[[], None]:
+    """Remember the arrays held in ``tree`` (the state a compiled step updates); the
+    function returned puts them back in place (lists, dicts, modules, ``mx.random.state``).
+
+    Example:
+        >>> undo = snapshot([model.state, optimizer.state])
+        >>> ...  # a step that updates them
+        >>> undo()
+    """
+    held: list[mx.array] = []
+    _visit(tree, lambda a: held.append(a) or a)
+
+    def undo() -> None:
+        it = iter(held)
+        _visit(tree, lambda _: next(it))
+
+    return undo

@@ -36,6 +36,11 @@ def key() -> mx.array:
     return _key_list()[0]
 
 
+def set_key(new_key: mx.array) -> None:
+    """Make ``new_key`` the calling thread's random key."""
+    _key_list()[0] = new_key
+
+
 @contextlib.contextmanager
 def drawing_from(new_key: mx.array) -> Iterator[None]:
     """Draw random numbers from ``new_key`` inside; the thread's key is as before after."""

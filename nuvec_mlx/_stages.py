@@ -28,9 +28,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
+import dataclasses
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -54,15 +55,29 @@ def collecting() -> Iterator[list[mx.array]]:
         _collector.reset(token)
 
 
-def mark(arrays: Sequence[mx.array]) -> list[mx.array]:
+#: The kinds of stage, told apart by the mark's dtype (which survives compile).
+FORWARD, BACKWARD = "forward", "backward"
+_DTYPES = {FORWARD: mx.bool_, BACKWARD: mx.uint8}
+
+
+def kind(stage: mx.array) -> str:
+    """Whether ``stage`` ends a block's forward or its backward pass."""
+    return FORWARD if stage.dtype == _DTYPES[FORWARD] else BACKWARD
+
+
+def mark(arrays: Sequence[mx.array], stage_kind: str) -> list[mx.array]:
     """Mark a stage that ends once ``arrays`` are computed; use what it returns in their place.
+
+    Args:
+        arrays: a block's forward outputs, or the gradients its backward returns.
+        stage_kind: :data:`FORWARD` or :data:`BACKWARD`.
 
     Outside a collector this does nothing and returns ``arrays``.
     """
     stages = _collector.get()
     if stages is None or not arrays:
         return list(arrays)
-    marker = mx.depends([mx.zeros((1,), dtype=mx.bool_)], list(arrays))[0]
+    marker = mx.depends([mx.zeros((1,), dtype=_DTYPES[stage_kind])], list(arrays))[0]
     stages.append(marker)
     # Whatever reads the arrays from now on reads them through the marker, so
     # any evaluation of them evaluates it, right after them, and lets it go.
@@ -70,17 +85,18 @@ def mark(arrays: Sequence[mx.array]) -> list[mx.array]:
 
 
 class _Entry:
-    """The stages of one step, and weak references to the arrays they were registered with."""
+    """The stages of one step, weak references to its arrays, and how to undo the step."""
 
-    def __init__(self, arrays: Sequence[mx.array], stages: Sequence[mx.array]):
+    def __init__(self, arrays: Sequence[mx.array], stages: Sequence[mx.array], undo: Callable[[], None] | None):
         self.stages = list(stages)
+        self.undo = undo
         self._alive = len(arrays)
         self.refs = [weakref.ref(a, self._gone) for a in arrays]
 
     def _gone(self, _ref: weakref.ref) -> None:
         self._alive -= 1
         if self._alive == 0:
-            self.stages = []
+            self.stages, self.undo = [], None
 
     def holds(self, ids: set[int], arrays: dict[int, mx.array]) -> bool:
         for ref in self.refs:
@@ -99,32 +115,70 @@ def _entries() -> collections.deque[_Entry]:
     return _local.entries
 
 
-def register(arrays: Sequence[mx.array], stages: Sequence[mx.array]) -> None:
-    """Remember ``stages`` for ``arrays`` (which must depend on them), in this thread."""
+def register(
+    arrays: Sequence[mx.array], stages: Sequence[mx.array], undo: Callable[[], None] | None = None
+) -> None:
+    """Remember ``stages`` for ``arrays``, in this thread; ``undo`` puts the step's state back."""
     entries = _entries()
     for e in [e for e in entries if not e.stages]:
         entries.remove(e)
     if stages and arrays:
-        entries.append(_Entry(arrays, stages))
+        entries.append(_Entry(arrays, stages, undo))
 
 
-def take(trees: Sequence[object]) -> list[mx.array]:
-    """The stages registered with any array in ``trees``, oldest step first; forgotten after."""
+@dataclasses.dataclass
+class Taken:
+    """The stages :func:`take` found, oldest step first, and the undos of their steps."""
+
+    stages: list[mx.array]
+    undos: list[Callable[[], None]]
+
+
+def take(trees: Sequence[object]) -> Taken:
+    """What was registered with any array in ``trees``; forgotten after."""
     entries = _entries()
     if not entries:
-        return []
+        return Taken([], [])
     leaves = {id(a): a for _, a in tree_flatten(list(trees)) if isinstance(a, mx.array)}
-    ids = set(leaves)
-    found = [e for e in entries if e.stages and e.holds(ids, leaves)]
+    found = [e for e in entries if e.stages and e.holds(set(leaves), leaves)]
     for e in found:
         entries.remove(e)
-    return [s for e in found for s in e.stages]
+    return Taken([s for e in found for s in e.stages], [e.undo for e in found if e.undo])
 
 
-def hand_on(arrays: Sequence[mx.array], stages: Sequence[mx.array]) -> None:
-    """Give ``stages`` to the enclosing collector, or register them with ``arrays``."""
+def hand_on(
+    arrays: Sequence[mx.array], stages: Sequence[mx.array], undo: Callable[[], None] | None = None
+) -> None:
+    """Give ``stages`` to the enclosing collector, or register them with ``arrays`` (and ``undo``)."""
     collector = _collector.get()
     if collector is None:
-        register(arrays, stages)
+        register(arrays, stages, undo)
     else:
         collector.extend(stages)
+
+
+# Callbacks that nv.eval calls after each stage: (index, count, kind) -> None.
+_observers: contextvars.ContextVar[tuple[Callable[[int, int, str], None], ...]] = (
+    contextvars.ContextVar("nuvec_mlx_stage_observers", default=())
+)
+
+
+@contextlib.contextmanager
+def observing(callback: Callable[[int, int, str], None]) -> Iterator[None]:
+    """Call ``callback(index, count, kind)`` after each stage :func:`nuvec_mlx.eval` evaluates inside.
+
+    ``index`` counts from 0 to ``count``: the stages, then the evaluation of the
+    arrays themselves (``kind`` ``"outputs"``); a callback that raises stops the
+    evaluation there.
+    """
+    token = _observers.set((*_observers.get(), callback))
+    try:
+        yield
+    finally:
+        _observers.reset(token)
+
+
+def evaluated(index: int, count: int, stage_kind: str) -> None:
+    """Tell the observers in force that stage ``index`` of ``count`` has been evaluated."""
+    for callback in _observers.get():
+        callback(index, count, stage_kind)

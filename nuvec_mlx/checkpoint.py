@@ -76,7 +76,7 @@ class _Call:
     def forward(self, *primals: mx.array) -> list[mx.array]:
         out = self.run(primals)
         self.signature = _signature(out)
-        return _stages.mark(out)
+        return _stages.mark(out, _stages.FORWARD)
 
     def recompute(self, *primals: mx.array) -> list[mx.array]:
         with _random.drawing_from(self.key):
@@ -95,7 +95,7 @@ class _Call:
         # Read through the cotangents: the recomputation waits for the backward pass.
         primals = mx.depends(primals, list(cotangents))
         grads = _chain(list(mx.vjp(self.recompute, primals, list(cotangents))[1]), self.wanted)
-        return _stages.mark(grads)  # nv.eval waits here: one block at a time
+        return _stages.mark(grads, _stages.BACKWARD)  # nv.eval waits here, block by block
 
 
 def checkpoint_flat(fn: FlatFn) -> Callable[[Sequence[mx.array]], list[mx.array]]:

@@ -19,7 +19,7 @@ from typing import Any
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from . import _random, _stages, _validate
+from . import _ceiling, _pytree, _random, _stages, _validate
 
 FlatFn = Callable[[list[mx.array]], Sequence[mx.array]]
 
@@ -47,11 +47,13 @@ class Compiled:
         return out, list(stages)  # the stages come out as hidden outputs
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Under a ceiling, an evaluation stopped part-way puts the state back.
+        undo = _pytree.snapshot(self._outputs) if _ceiling.current() is not None else None
         # A trace that raises leaves MLX's placeholder key behind.
         with _random.restored_on_error():
             out, stages = self._compiled(*args, **kwargs)
         results = [a for _, a in tree_flatten([out, self._outputs]) if isinstance(a, mx.array)]
-        _stages.hand_on(results, stages)
+        _stages.hand_on(results, stages, undo)
         return out
 
 

@@ -57,12 +57,20 @@ def eval(*arrays: Any, budget: int | float | None = None) -> None:
     """
     if budget is not None:
         _validate.check_budget(budget, "budget")
-    stages = _stages.take(arrays)
+    taken = _stages.take(arrays)
+    stages = taken.stages
     nbytes = memory.current_budget(staged=bool(stages)) if budget is None else budget
-    with _throttle(nbytes):
-        for stage in stages:
-            mx.eval(stage)
-        mx.eval(*arrays)
+    try:
+        with _throttle(nbytes):
+            for i, stage in enumerate(stages):
+                mx.eval(stage)
+                _stages.evaluated(i, len(stages), _stages.kind(stage))
+            mx.eval(*arrays)
+            _stages.evaluated(len(stages), len(stages), "outputs")
+    except BaseException:
+        for undo in taken.undos:
+            undo()
+        raise
 
 
 @contextlib.contextmanager

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 import mlx.core as mx
 
 from . import _validate
+from ._ceiling import ceiling
+from ._timeline import Reading, Timeline, timeline
 
 #: The default evaluation budget on CPU and Metal, in bytes: see :func:`budget`.
 DEFAULT_BUDGET = 1 << 20

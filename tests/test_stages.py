@@ -14,7 +14,7 @@ def test_marks_inside_a_collector_come_out_in_order_each_ending_after_its_arrays
     arrays = lazy_arrays(64 * KiB, 3)
     with _stages.collecting() as stages:
         for a in arrays:
-            _stages.mark([a])
+            _stages.mark([a], _stages.FORWARD)
     assert len(stages) == 3
     before = mx.get_active_memory()
     for i, stage in enumerate(stages, 1):
@@ -25,15 +25,15 @@ def test_marks_inside_a_collector_come_out_in_order_each_ending_after_its_arrays
 
 def test_a_mark_outside_a_collector_changes_nothing():
     arrays = lazy_arrays(KiB, 2)
-    assert all(a is b for a, b in zip(_stages.mark(arrays), arrays))
+    assert all(a is b for a, b in zip(_stages.mark(arrays, _stages.FORWARD), arrays))
 
 
 def test_a_collector_starts_empty_and_hands_its_stages_to_the_enclosing_one():
     with _stages.collecting() as outer:
-        _stages.mark(lazy_arrays(KiB))
+        _stages.mark(lazy_arrays(KiB), _stages.BACKWARD)
         with _stages.collecting() as inner:
-            _stages.mark(lazy_arrays(KiB))
-            _stages.mark(lazy_arrays(KiB))
+            _stages.mark(lazy_arrays(KiB), _stages.BACKWARD)
+            _stages.mark(lazy_arrays(KiB), _stages.BACKWARD)
         assert len(inner) == 2 and len(outer) == 1
         _stages.hand_on([], inner)
     assert outer[1:] == inner and len(outer) == 3
@@ -44,7 +44,7 @@ def test_what_reads_a_marked_array_evaluates_its_mark_and_lets_it_go():
     before = mx.get_active_memory()
     (a,) = lazy_arrays(256 * KiB)
     with _stages.collecting() as stages:
-        (b,) = _stages.mark([a])
+        (b,) = _stages.mark([a], _stages.FORWARD)
     mx.eval(b * 2)  # a plain evaluation, not the stage
     del a, b
     gc.collect()
@@ -56,10 +56,10 @@ def test_what_reads_a_marked_array_evaluates_its_mark_and_lets_it_go():
 def test_registered_stages_are_taken_once_by_any_of_their_arrays():
     arrays, stages, other = lazy_arrays(KiB, 2), lazy_arrays(KiB, 2), lazy_arrays(KiB)
     _stages.register(arrays, stages)
-    assert _stages.take([other]) == []
-    taken = _stages.take([{"nested": [arrays[1]]}, "not an array"])
+    assert _stages.take([other]).stages == []
+    taken = _stages.take([{"nested": [arrays[1]]}, "not an array"]).stages
     assert len(taken) == 2 and all(t is s for t, s in zip(taken, stages))
-    assert _stages.take(arrays) == []
+    assert _stages.take(arrays).stages == []
 
 
 def test_steps_are_taken_oldest_first_and_only_those_asked_for():
@@ -67,9 +67,9 @@ def test_steps_are_taken_oldest_first_and_only_those_asked_for():
     stages = [lazy_arrays(KiB) for _ in range(3)]
     for arrays, s in zip((first, second, third), stages):
         _stages.register(arrays, s)
-    taken = _stages.take([third, first])
+    taken = _stages.take([third, first]).stages
     assert taken[0] is stages[0][0] and taken[1] is stages[2][0]
-    assert _stages.take(second)[0] is stages[1][0]
+    assert _stages.take(second).stages[0] is stages[1][0]
 
 
 def test_an_entry_lets_its_stages_go_once_its_arrays_are_gone():
@@ -87,5 +87,5 @@ def test_the_registry_remembers_a_bounded_number_of_steps():
     kept = [lazy_arrays(KiB) for _ in range(_stages.REMEMBERED + 5)]
     for arrays in kept:
         _stages.register(arrays, lazy_arrays(KiB))
-    assert _stages.take(kept[0]) == []  # forgotten: the oldest went first
-    assert len(_stages.take(kept[-1])) == 1
+    assert _stages.take(kept[0]).stages == []  # forgotten: the oldest went first
+    assert len(_stages.take(kept[-1]).stages) == 1
