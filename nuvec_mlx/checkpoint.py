@@ -68,6 +68,7 @@ class _Call:
         # Positions (within diff) of the primals whose gradients are wanted.
         self.wanted = [k for k, i in enumerate(self.diff) if not any(xs[i] is c for c in constants)]
         self.key = _random.key()  # the forward's draws, replayed by the recomputation
+        self.replay_key = self.key
         self.signature: list = []
 
     def run(self, primals: Sequence[mx.array]) -> list[mx.array]:
@@ -79,7 +80,7 @@ class _Call:
         return _stages.mark(out, _stages.FORWARD)
 
     def recompute(self, *primals: mx.array) -> list[mx.array]:
-        with _random.drawing_from(self.key):
+        with _random.drawing_from(self.replay_key):
             out = self.run(primals)
         if _signature(out) != self.signature:
             raise ValueError(
@@ -92,8 +93,10 @@ class _Call:
 
     def backward(self, primals: Any, cotangents: Sequence[mx.array], outputs: Any) -> list[mx.array]:
         primals = [primals] if isinstance(primals, mx.array) else list(primals)
-        # Read through the cotangents: the recomputation waits for the backward pass.
+        # Read through the cotangents: the recomputation, its random draws
+        # included, waits for the backward pass to reach this block.
         primals = mx.depends(primals, list(cotangents))
+        self.replay_key = mx.depends([self.key], list(cotangents))[0]
         grads = _chain(list(mx.vjp(self.recompute, primals, list(cotangents))[1]), self.wanted)
         return _stages.mark(grads, _stages.BACKWARD)  # nv.eval waits here, block by block
 

@@ -175,3 +175,45 @@ def test_non_array_inputs_raise():
 def test_non_callable_fn_raises():
     with pytest.raises(TypeError, match="fn must be callable"):
         nv.checkpoint_flat(3)
+
+
+def _dropout_mlp(xs):
+    x, w1, w2 = xs
+    h = mx.tanh(x @ w1)
+    return [x + mx.tanh(mx.where(mx.random.bernoulli(0.9, h.shape), h, 0.0) @ w2)]
+
+
+def _plain_mlp(xs):
+    x, w1, w2 = xs
+    return [x + mx.tanh(mx.tanh(x @ w1) @ w2)]
+
+
+@pytest.mark.parametrize("evaluate", [mx.eval, nv.eval], ids=["mx.eval", "nv.eval"])
+def test_random_draws_are_replayed_only_when_the_backward_pass_reaches_the_block(evaluate, compiled):
+    # A replayed key read directly (not through the cotangents) lets MLX draw
+    # every block's recomputed dropout mask early and keep them all alive.
+    def peak(block, blocks=8, b=512, d=128):
+        ck = nv.checkpoint_flat(block)
+        k = mx.random.split(mx.random.key(0), 2 * blocks + 1)
+        xs = [mx.random.normal((d, 4 * d) if i % 2 == 0 else (4 * d, d), key=k[i]) * 0.05 for i in range(2 * blocks)]
+        xs.append(mx.random.normal((b, d), key=k[-1]))
+        mx.eval(xs)
+
+        def loss(xs):
+            h = xs[-1]
+            for i in range(blocks):
+                h = ck([h, xs[2 * i], xs[2 * i + 1]])[0]
+            return h.sum()
+
+        vg = nv.value_and_grad_flat(loss, [2 * blocks])
+        step = nv.compile_flat(lambda xs: (lambda v, g: [*g, v])(*vg(xs)))
+        evaluate(step(xs))
+        peaks = []
+        for _ in range(3):
+            with nv.memory.measure() as m:
+                evaluate(step(xs))
+            peaks.append(m.peak)
+        return min(peaks)
+
+    mask = 512 * 4 * 128 * 4  # the random bits of one block's mask
+    assert peak(_dropout_mlp) <= peak(_plain_mlp) + mask // 2  # measured +0 to +1/4 mask; +2 unfixed
