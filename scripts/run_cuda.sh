@@ -4,8 +4,13 @@
 # libraries in $TORCH_VENV. From the repository's root:
 #   bash scripts/run_cuda.sh OUTDIR PART
 # PART picks the runs, each written into OUTDIR/PART/ with its log OUTDIR/PART.log:
-#   suite       the full benchmark (15 MLX repeats, 3 per peer), nuvec_mlx's defaults (one op per
-#               CUDA graph), PyTorch and JAX
+#   suite       the full benchmark (15 MLX repeats, 3 per peer), nuvec_mlx's defaults, PyTorch
+#               (eager and torch.compile) and JAX
+#   suite-mlp, suite-transformer
+#               the same for one model (with the depth sweep for the MLP), peers torch.compile and
+#               jax.jit: halves that each fit one device call
+#   probe       benchmarks/probes/staging_variants.py with one op per CUDA graph and with MLX's
+#               own graph size (100 ops on an H200): which stages pay
 #   mlx-graphs  the MLX strategies again with MLX's own CUDA graph size (100 ops on an H200)
 #   budgets     budget sweeps of the seed step, input-only and with weight gradients
 #   budget0     the seed MLP (input gradient) and its depth sweep at budget 0: no run-ahead, and its cost
@@ -15,7 +20,7 @@
 # A part that fails says so at the end of its log and on the console; the others still run, and
 # the script's exit status is 1 if any part failed.
 set -uo pipefail
-usage="usage: run_cuda.sh OUTDIR suite|mlx-graphs|budgets|budget0|all"
+usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|probe|mlx-graphs|budgets|budget0|all"
 out=${1:?$usage}
 part=${2:?$usage}
 # The machine's paths, each overridable from the environment.
@@ -43,6 +48,18 @@ set +e
 bench() { $PY -m nuvec_mlx_bench.peak_memory "$@"; }
 sweep() { $PY -m nuvec_mlx_bench.budget_sweep "$@"; }
 part_suite() { bench --suite full --peer-python "$PY" --peers torch-eager,torch-compile,jax-jit --out "$out/suite"; }
+part_suite_mlp() {
+  bench --suite full --models mlp --peer-python "$PY" --peers torch-compile,jax-jit --out "$out/suite-mlp"
+}
+part_suite_transformer() {
+  bench --suite full --models transformer --depths "" --peer-python "$PY" --peers torch-compile,jax-jit \
+    --out "$out/suite-transformer"
+}
+part_probe() {
+  mkdir -p "$out/probe" &&
+    MLX_MAX_OPS_PER_BUFFER=1 $PY benchmarks/probes/staging_variants.py "$out/probe/ops1.json" &&
+    MLX_MAX_OPS_PER_BUFFER=100 $PY benchmarks/probes/staging_variants.py "$out/probe/ops100.json"
+}
 part_mlx_graphs() { MLX_MAX_OPS_PER_BUFFER=100 bench --suite full --peers none --out "$out/mlx-graphs"; }
 part_budgets() {
   sweep --repeats 9 --budgets inf,0,16,64,256 --out "$out/budgets" &&
@@ -68,7 +85,7 @@ run_part() {  # run_part NAME: the part's output into its log; a failure is said
 }
 
 case $part in
-  suite|mlx-graphs|budgets|budget0) run_part "$part" ;;
+  suite|suite-mlp|suite-transformer|probe|mlx-graphs|budgets|budget0) run_part "$part" ;;
   all)
     for p in suite mlx-graphs budgets budget0; do run_part "$p"; done
     tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")" && echo "packed $out into $out.tgz"
