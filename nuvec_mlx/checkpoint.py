@@ -50,12 +50,9 @@ def _signature(arrays: Sequence[mx.array]) -> list[tuple[tuple[int, ...], mx.Dty
     return [(tuple(a.shape), a.dtype) for a in arrays]
 
 
-def _chain(grads: list[mx.array], wanted: list[int]) -> list[mx.array]:
-    """Make the wanted gradients depend on one another: none is done before all are."""
-    if len(wanted) < 2:
-        return grads
-    chained = mx.depends([grads[k] for k in wanted], [grads[k] for k in wanted])
-    return _flat.substitute(grads, wanted, chained)
+def _chain(grads: list[mx.array]) -> list[mx.array]:
+    """Make the gradients depend on one another: none is done before all are."""
+    return mx.depends(grads, grads) if len(grads) > 1 else grads
 
 
 class _Call:
@@ -93,12 +90,20 @@ class _Call:
 
     def backward(self, primals: Any, cotangents: Sequence[mx.array], outputs: Any) -> list[mx.array]:
         primals = [primals] if isinstance(primals, mx.array) else list(primals)
+        if not self.wanted:  # every input a constant: nothing to recompute
+            return [mx.zeros_like(p) for p in primals]
         # Read through the cotangents: the recomputation, its random draws
         # included, waits for the backward pass to reach this block.
         primals = mx.depends(primals, list(cotangents))
         self.replay_key = mx.depends([self.key], list(cotangents))[0]
-        grads = _chain(list(mx.vjp(self.recompute, primals, list(cotangents))[1]), self.wanted)
-        return _stages.mark(grads, _stages.BACKWARD)  # nv.eval waits here, block by block
+
+        def recompute_wanted(*wanted: mx.array) -> list[mx.array]:
+            return self.recompute(*_flat.substitute(primals, self.wanted, wanted))
+
+        # Only the wanted gradients are computed (a constant's is never used).
+        grads = mx.vjp(recompute_wanted, [primals[k] for k in self.wanted], list(cotangents))[1]
+        grads = _stages.mark(_chain(list(grads)), _stages.BACKWARD)  # nv.eval waits here
+        return _flat.substitute([mx.zeros_like(p) for p in primals], self.wanted, grads)
 
 
 def checkpoint_flat(fn: FlatFn) -> Callable[[Sequence[mx.array]], list[mx.array]]:

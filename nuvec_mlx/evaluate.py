@@ -1,26 +1,24 @@
-"""Evaluation that keeps MLX's in-flight work within a memory budget.
+"""Evaluation: a step one checkpointed block at a time, within a memory budget.
 
-MLX's evaluator dispatches ahead of the device: on CPU about a hundred ops can
-be queued, on CUDA and Metal a whole command buffer, and every queued op keeps
-its buffers alive until it has run. A checkpointed backward pass then holds
-several blocks' recomputed activations at once. The evaluator does wait for
-queued work whenever active memory exceeds MLX's memory limit, so a limit set
-just above the memory the evaluation starts with turns that limit into a
-throttle: the evaluator runs ahead only while memory is low.
+:func:`eval` is :func:`mlx.core.eval` for a step's results: it first
+evaluates the stages that the step's checkpoints marked
+(:mod:`nuvec_mlx._stages`), each one after the other, so that MLX's
+evaluator, which runs up to ten tasks ahead of the device, never has more
+than one block in flight. Arrays with no stages are evaluated as
+:func:`mlx.core.eval` evaluates them.
 
-On CUDA that throttle acts only between CUDA graphs, and MLX frees a graph's
-buffers only once the whole graph has run (up to 100 ops on an H100 or H200).
-So, when the CUDA backend is present, importing nuvec_mlx asks MLX for one op
-per graph (``MLX_MAX_OPS_PER_BUFFER=1``) unless that variable is already set.
-MLX reads it once, when it first uses the GPU: import nuvec_mlx before that,
-or set the variable yourself.
+A budget adds a throttle: MLX's evaluator also waits for queued work
+whenever active memory exceeds MLX's memory limit, so a limit set just above
+the memory the evaluation starts with holds the evaluator back within a
+stage too. It is cheap on CPU (the default there for staged evaluations) and
+costs a wait after every kernel on a GPU (``math.inf``, no throttle, by
+default).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -31,9 +29,6 @@ from . import _stages, _validate, memory
 
 # mx.set_memory_limit is process-wide: evaluations that set it take turns.
 _limit_lock = threading.RLock()
-
-if mx.cuda.is_available():
-    os.environ.setdefault("MLX_MAX_OPS_PER_BUFFER", "1")
 
 
 def eval(*arrays: Any, budget: int | float | None = None) -> None:

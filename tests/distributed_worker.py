@@ -74,23 +74,26 @@ def make_step(checkpointed: bool, group: mx.distributed.Group) -> nv.CompiledFla
     return nv.compile_flat(step)
 
 
-def gradients_and_peak(step: nv.CompiledFlat, xs: list[mx.array]) -> tuple[list[mx.array], int]:
-    """Run ``step`` once (compiling it) for its gradients, then measure the
-    peak of a second step evaluated with :func:`nuvec_mlx.eval`."""
+def gradients_and_peak(step: nv.CompiledFlat, xs: list[mx.array]) -> tuple[list[mx.array], int, list[str]]:
+    """Run ``step`` once (compiling it) for its gradients, measure the peak of a
+    second step evaluated with :func:`nuvec_mlx.eval`, and the stages of a third."""
     outputs = step(xs)
     nv.eval(outputs)
-    return outputs[:-1], rounds.peak(lambda: step(xs), nv.eval, measure.MlxProbe())
+    peak = rounds.peak(lambda: step(xs), nv.eval, measure.MlxProbe())
+    with nv.memory.timeline() as t:
+        nv.eval(step(xs))
+    return outputs[:-1], peak, [f"{r.kind} {r.block}" for r in t.readings]
 
 
 def main(out_dir: Path) -> None:
     group = mx.distributed.init(backend="ring", strict=True)
     rank = group.rank()
-    report = {"rank": rank, "size": group.size(), "peak": {}, "traces": {}}
+    report = {"rank": rank, "size": group.size(), "peak": {}, "traces": {}, "stages": {}}
     arrays = {}
     for name in VARIANTS:
         xs = inputs(rank, group.size(), mx.float64 if name.endswith("64") else mx.float32)
         step = make_step(name.startswith("ckpt"), group)
-        grads, report["peak"][name] = gradients_and_peak(step, xs)
+        grads, report["peak"][name], report["stages"][name] = gradients_and_peak(step, xs)
         report["traces"][name] = step.traces
         arrays.update({f"{name}_{i}": g for i, g in enumerate(grads)})
     mx.savez(str(out_dir / f"rank{rank}.npz"), **arrays)

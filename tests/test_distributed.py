@@ -101,7 +101,7 @@ def grads(arrays: dict, variant: str) -> list[mx.array]:
 
 
 def assert_grads_close(actual: list[mx.array], expected: list[mx.array], rtol: float, what: str):
-    """conftest.assert_close on each gradient, naming the one that differs."""
+    """helpers.assert_close on each gradient, naming the one that differs."""
     assert len(actual) == len(expected)
     for i, (a, e) in enumerate(zip(actual, expected)):
         try:
@@ -138,6 +138,15 @@ def test_checkpointed_gradients_equal_plain_ones(ranks):
         for suffix in ("", "64"):
             assert_grads_close(grads(arrays, f"ckpt{suffix}"), grads(arrays, f"plain{suffix}"), 1e-6,
                                f"rank {rank}, checkpointed against plain{suffix}")
+
+
+def test_every_rank_evaluates_the_checkpointed_step_in_the_same_stages(ranks):
+    blocks = worker.BLOCKS
+    expected = [*(f"forward {b}" for b in range(1, blocks + 1)),
+                *(f"backward {b}" for b in range(blocks, 0, -1)), "outputs None"]
+    for rank, (report, _) in enumerate(ranks):
+        assert report["stages"]["plain"] == ["outputs None"], f"rank {rank}: a plain step has no stages"
+        assert report["stages"]["ckpt"] == expected, f"rank {rank}: {report['stages']['ckpt']}"
 
 
 def test_checkpointing_lowers_each_ranks_peak(ranks):
