@@ -192,7 +192,7 @@ def _plain_mlp(xs):
 def test_random_draws_are_replayed_only_when_the_backward_pass_reaches_the_block(evaluate, compiled):
     # A replayed key read directly (not through the cotangents) lets MLX draw
     # every block's recomputed dropout mask early and keep them all alive.
-    def peak(block, blocks=8, b=512, d=128):
+    def peak(block, blocks=16, b=512, d=128):
         ck = nv.checkpoint_flat(block)
         k = mx.random.split(mx.random.key(0), 2 * blocks + 1)
         xs = [mx.random.normal((d, 4 * d) if i % 2 == 0 else (4 * d, d), key=k[i]) * 0.05 for i in range(2 * blocks)]
@@ -215,5 +215,9 @@ def test_random_draws_are_replayed_only_when_the_backward_pass_reaches_the_block
             peaks.append(m.peak)
         return min(peaks)
 
+    # A block's own draw costs up to ~1.25 masks at its backward (the bits and the
+    # boolean mask, with the throttle's timing on CPU). A key read directly adds
+    # masks that grow with depth: at 16 blocks, CPU, measured +3.75 to +4.25
+    # masks unfixed against -0.75 to +1.25 fixed, so the bound sits between.
     mask = 512 * 4 * 128 * 4  # the random bits of one block's mask
-    assert peak(_dropout_mlp) <= peak(_plain_mlp) + mask // 2  # measured +0 to +1/4 mask; +2 unfixed
+    assert peak(_dropout_mlp) <= peak(_plain_mlp) + 2 * mask
