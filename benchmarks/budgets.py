@@ -25,6 +25,8 @@ def parse_budget(text: str) -> float:
     return int(mib * MiB)
 
 
-def budget_text(nbytes: float) -> str:
-    """A budget as the results print it."""
+def budget_text(nbytes: float | None) -> str:
+    """A budget as the results print it; ``None`` is nuvec_mlx's default."""
+    if nbytes is None:
+        return "nuvec_mlx's default (staged evaluations: 1 MiB on CPU, inf on a GPU; others: mx.eval)"
     return "inf (nv.eval runs mx.eval)" if nbytes == math.inf else f"{nbytes / MiB:g} MiB"

@@ -119,13 +119,14 @@ DEPTH = Target("nuvec peak growth per added block (block inputs), between consec
                "worst over every repeat", _worst_growth, 1.1, ANY)
 
 
-def checks(rows: list[dict[str, Any]], backend: str, budget: float) -> list[str]:
+def checks(rows: list[dict[str, Any]], backend: str, budget: float | None) -> list[str]:
     """Markdown lines: each target that applies, the measured value and whether it was met.
 
     Args:
         rows: the run's rows (strategy table and depth sweep).
         backend: MLX's backend in the run (``cpu``, ``cuda`` or ``metal``).
-        budget: the budget ``nv.eval`` ran at.
+        budget: the budget ``nv.eval`` ran at (``None``: nuvec_mlx's default,
+            under which ``nv.eval`` of a step without stages is ``mx.eval``).
 
     Example:
         >>> checks(rows, "cpu", 1 << 20)[1]
@@ -143,9 +144,10 @@ def checks(rows: list[dict[str, Any]], backend: str, budget: float) -> list[str]
                 unmeasured.append(f"{heading}: {t.what}")
                 continue
             lines.append(t.line(heading, value))
-            if t.policy and budget == math.inf:
-                lines.append("  (at budget inf `nv.eval` runs `mx.eval` itself: this compares one "
-                             "evaluation with itself, and shows the measurement's spread)")
+            if t.policy and budget in (None, math.inf):
+                lines.append(f"  (at budget {'inf' if budget else 'default'} `nv.eval` of a step without "
+                             "stages runs `mx.eval` itself: this compares one evaluation with itself, "
+                             "and shows the measurement's spread and nv.eval's own overhead)")
     swept = [r for r in rows if r["section"] == "depth" and r["framework"] == "mlx"]
     growth = DEPTH.measure(swept)
     if growth is not None:

@@ -338,9 +338,12 @@ def test_depth_target_is_the_worst_growth_over_every_repeat():
            "depths, worst over every repeat: 1.250 (target <= 1.1): MISSED by 0.150" in text
 
 
-def test_targets_say_when_nv_eval_was_mx_eval_itself():
-    text = checks([fake_row("none", [100], 1.0), fake_row("none-policy", [100], 1.3)], "cpu", budget=math.inf)
-    assert "at budget inf `nv.eval` runs `mx.eval` itself" in text
+@pytest.mark.parametrize("budget, said", [(math.inf, "inf"), (None, "default")])
+def test_targets_say_when_nv_eval_was_mx_eval_itself(budget, said):
+    text = checks([fake_row("none", [100], 1.0), fake_row("none-policy", [100], 1.3)], "cpu", budget=budget)
+    assert f"at budget {said} `nv.eval` of a step without stages runs `mx.eval` itself" in text
+    assert "runs `mx.eval` itself" not in checks(
+        [fake_row("none", [100], 1.0), fake_row("none-policy", [100], 1.3)], "cpu", budget=0)
 
 
 def test_targets_list_what_the_run_could_not_check():
@@ -412,6 +415,17 @@ def test_interrupted_run_leaves_its_finished_parts(tmp_path, monkeypatch):
         (False, "none"), (False, "nuvec"), (True, "none"), (True, "nuvec")}
     assert saved["notes"][0] == "- partial: 2 of 4 parts measured (the run was still going)"
     assert "partial" in (tmp_path / "results.md").read_text()
+
+
+def test_without_a_budget_option_the_run_keeps_nuvecs_defaults(tmp_path, monkeypatch):
+    # A plain step through nv.eval must stay mx.eval, as a user gets it: no budget is set.
+    real, seen = peak_memory.mlx_rows, []
+    monkeypatch.setattr(peak_memory, "mlx_rows", lambda *a: (seen.append(nv.memory.current_budget(staged=False)), real(*a))[1])
+    peak_memory.run([*SMALLEST, "--models", "mlp", "--weight-grads", "off", "--strategies", "none,none-policy",
+                     "--depths", "", "--out", str(tmp_path)])
+    assert seen == [math.inf]
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["environment"]["nv.eval budget"].startswith("nuvec_mlx's default")
 
 
 def test_budget_option_is_nv_evals_budget_for_the_run_only(tmp_path, monkeypatch):
