@@ -9,6 +9,10 @@
 #   suite-mlp, suite-transformer
 #               the same for one model (with the depth sweep for the MLP), peers torch.compile and
 #               jax.jit: halves that each fit one device call
+#   suite-mlx   the full benchmark's MLX strategies alone (no peers: their peaks repeat to the MiB
+#               from run to run), nuvec_mlx's defaults and MLX's own CUDA graph size
+#   suite-mlx-ops1
+#               the MLP part of suite-mlx with one op per CUDA graph (MLX_MAX_OPS_PER_BUFFER=1)
 #   probe       benchmarks/probes/staging_variants.py with one op per CUDA graph and with MLX's
 #               own graph size (100 ops on an H200): which stages pay
 #   mlx-graphs  the MLX strategies again with MLX's own CUDA graph size (100 ops on an H200)
@@ -20,7 +24,7 @@
 # A part that fails says so at the end of its log and on the console; the others still run, and
 # the script's exit status is 1 if any part failed.
 set -uo pipefail
-usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|probe|mlx-graphs|budgets|budget0|all"
+usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|mlx-graphs|budgets|budget0|all"
 out=${1:?$usage}
 part=${2:?$usage}
 # The machine's paths, each overridable from the environment.
@@ -55,6 +59,12 @@ part_suite_transformer() {
   bench --suite full --models transformer --depths "" --peer-python "$PY" --peers torch-compile,jax-jit \
     --out "$out/suite-transformer"
 }
+mlx_strategies=none,none-policy,mx,nuvec-nopolicy,nuvec
+part_suite_mlx() { bench --suite full --peers none --strategies $mlx_strategies --out "$out/suite-mlx"; }
+part_suite_mlx_ops1() {
+  MLX_MAX_OPS_PER_BUFFER=1 bench --suite full --models mlp --depths "" --peers none \
+    --strategies $mlx_strategies --out "$out/suite-mlx-ops1"
+}
 part_probe() {
   mkdir -p "$out/probe" &&
     MLX_MAX_OPS_PER_BUFFER=1 $PY benchmarks/probes/staging_variants.py "$out/probe/ops1.json" &&
@@ -85,7 +95,7 @@ run_part() {  # run_part NAME: the part's output into its log; a failure is said
 }
 
 case $part in
-  suite|suite-mlp|suite-transformer|probe|mlx-graphs|budgets|budget0) run_part "$part" ;;
+  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|mlx-graphs|budgets|budget0) run_part "$part" ;;
   all)
     for p in suite mlx-graphs budgets budget0; do run_part "$p"; done
     tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")" && echo "packed $out into $out.tgz"
