@@ -21,6 +21,11 @@ from . import _validate
 from ._ceiling import ceiling
 from ._timeline import Reading, Timeline, timeline
 
+__all__ = [
+    "DEFAULT_BUDGET", "Measurement", "Reading", "Stats", "Timeline", "all_stats", "budget", "ceiling",
+    "current_budget", "measure", "reset_peak", "stats", "timeline",
+]
+
 #: The default evaluation budget on CPU and Metal, in bytes: see :func:`budget`.
 DEFAULT_BUDGET = 1 << 20
 

@@ -162,6 +162,12 @@ CATALOGUE = [
      TypeError, r"reset_peak\(\) takes 0 positional arguments but 1 was given$"),
     ("memory.current_budget: staged not a bool", lambda: nv.memory.current_budget(0),
      TypeError, r"^staged must be a bool, got int$"),
+    ("memory.ceiling: a string", lambda: enter(nv.memory.ceiling("12GB")),
+     TypeError, r"^nbytes must be an int, got str \('12GB'\)$"),
+    ("memory.ceiling: negative", lambda: enter(nv.memory.ceiling(-1)),
+     ValueError, r"^nbytes must be >= 0, got -1$"),
+    ("memory.timeline: an argument", lambda: enter(nv.memory.timeline(1)),
+     TypeError, r"timeline\(\) takes 0 positional arguments but 1 was given$"),
 ]
 
 
@@ -173,7 +179,7 @@ def test_misuse_raises_a_precise_error(misuse, error, match):
 
 
 PUBLIC = [*(n for n in nv.__all__ if n not in ("memory", "Compiled", "CompiledFlat")),
-          *(f"memory.{n}" for n in ("stats", "reset_peak", "measure", "budget", "current_budget", "all_stats"))]
+          *(f"memory.{n}" for n in nv.memory.__all__ if n[0].islower())]
 
 
 @pytest.mark.parametrize("name", PUBLIC)
