@@ -51,9 +51,12 @@ def test_gradients_equal(arch):
 def test_instance_level_and_every():
     m = make("llama")
     m2 = make("llama")
+    cls, call = type(m2.layers[0]), type(m2.layers[0]).__call__
     assert nv.checkpoint_layers(m, every=2) == 1
     assert nv.is_checkpointed(m.layers[0]) and not nv.is_checkpointed(m.layers[1])
     assert not nv.is_checkpointed(m2.layers[0])
+    # Other instances keep their class, and the class its __call__ (mlx-lm patches the class).
+    assert type(m2.layers[0]) is cls and type(m.layers[1]) is cls and cls.__call__ is call
     assert nv.checkpoint_layers(m, layers=lambda mod: isinstance(mod, nn.RMSNorm)) > 0
 
 
