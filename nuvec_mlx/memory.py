@@ -26,7 +26,7 @@ __all__ = [
     "current_budget", "measure", "reset_peak", "stats", "timeline",
 ]
 
-#: The default evaluation budget on CPU and Metal, in bytes: see :func:`budget`.
+#: The default budget of staged evaluations on CPU, in bytes (a GPU has none): see :func:`current_budget`.
 DEFAULT_BUDGET = 1 << 20
 
 _budget: contextvars.ContextVar[float | None] = contextvars.ContextVar(

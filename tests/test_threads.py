@@ -91,7 +91,7 @@ def test_compiled_step_draws_from_the_calling_threads_key(compiled):
 
 
 def test_budget_is_per_thread():
-    default = nv.memory.current_budget()  # DEFAULT_BUDGET on CPU and Metal, inf on CUDA
+    default = nv.memory.current_budget()  # DEFAULT_BUDGET on CPU, inf on a GPU (CUDA, Metal)
     inside = threading.Barrier(THREADS)
 
     def work(t):
