@@ -3,11 +3,7 @@ with and without nuvec checkpointing; prints loss, peak memory and step time.
 
 Run: python examples/finetune_tiny.py
 """
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -31,7 +27,7 @@ def run(ckpt: bool) -> None:
     opt = optim.AdamW(1e-3)
     opt.init(model.trainable_parameters())
     loss_fn = lambda m, x: nn.losses.cross_entropy(m(x[:, :-1]), x[:, 1:]).mean()
-    vg = nn.value_and_grad(model, loss_fn)
+    vg = nv.value_and_grad(model, loss_fn)  # nn.value_and_grad, its stages kept for nv.eval
     state = [model.state, opt.state, mx.random.state]
 
     def step(x):
@@ -39,14 +35,14 @@ def run(ckpt: bool) -> None:
         opt.update(model, g)
         return loss
 
-    step = mx.compile(step, inputs=state, outputs=state)
+    step = nv.compile(step, inputs=state, outputs=state)  # mx.compile, carrying the stages
     # synthetic data: a repeating pattern the model can learn
     data = (mx.arange(SEQ + 1)[None] * 7 + mx.arange(BATCH)[:, None]) % 128
     for i in tqdm(range(STEPS), desc="ckpt" if ckpt else "plain"):
         t = time.perf_counter()
         with nv.memory.measure() as m:
             loss = step(data)
-            nv.eval([loss, model.parameters(), opt.state])
+            nv.eval(loss, state)  # staged: one checkpointed layer at a time
         tqdm.write(f"step {i} loss {loss.item():.4f} peak {m.peak / 2**20:.1f} MiB "
                    f"time {time.perf_counter() - t:.2f} s")
 
