@@ -22,9 +22,8 @@ _subclasses: dict[type, type] = {}
 def _checkpointed_class(cls: type) -> type:
     if cls not in _subclasses:
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            return _pytree.call_flat(
-                checkpoint_flat, lambda *a, **k: cls.__call__(self, *a, **k), args, kwargs, [self]
-            )
+            # The original __call__, bound: self and what its code reaches are captured.
+            return _pytree.call_flat(checkpoint_flat, cls.__call__.__get__(self), args, kwargs)
         _subclasses[cls] = type(cls.__name__, (cls,), {
             "__call__": __call__, "_nuvec_original_class": cls,
             "__module__": cls.__module__, "__qualname__": cls.__qualname__})
@@ -161,8 +160,7 @@ def checkpoint_sequential(
                 for layer in group:
                     h = layer(h)
                 return h
-            mods = [m for m in group if isinstance(m, nn.Module)]
-            x = _pytree.call_flat(checkpoint_flat, seg, (x,), {}, mods)
+            x = _pytree.call_flat(checkpoint_flat, seg, (x,), {})  # seg reaches its layers
         return x
 
     return run
