@@ -122,6 +122,10 @@ CATALOGUE = [
     # checkpoint_module, is_checkpointed
     ("checkpoint_module: not a module", lambda: nv.checkpoint_module(lambda x: x),
      TypeError, r"^module must be an mlx.nn.Module, got function$"),
+    ("checkpoint_module: a module without __call__", lambda: nv.checkpoint_module(nn.Module()),
+     TypeError, r"^module \(Module\) has no __call__, so nothing calls it through a checkpoint; "),
+    ("checkpoint_layers: a block without __call__", lambda: nv.checkpoint_layers(nn.Sequential(nn.Module())),
+     TypeError, r"^layers\[0\] \(Module\) has no __call__, so nothing calls it through a checkpoint; "),
     ("checkpoint_module: enable not a bool", lambda: nv.checkpoint_module(nn.Linear(2, 2), enable="no"),
      TypeError, r"^enable must be a bool, got str$"),
     ("is_checkpointed: not a module", lambda: nv.is_checkpointed(3),
