@@ -4,15 +4,21 @@
 outputs, so the evaluator is free to run the recomputation long before the
 backward pass reaches the block, and under :func:`mlx.core.compile` the
 recomputation can cost more memory than it saves. Here the recomputation reads
-its inputs through :func:`mlx.core.depends` on the block's *cotangents*: it
-cannot start before the backward pass arrives, and compile's common
-subexpression elimination cannot merge it with the forward pass. The gradients
-a block returns also depend on one another (the "chain"), so that a block's
-parameter gradients are finished before the cotangent moves on to the previous
-block and its recomputed activations can be freed.
+its inputs through a dependency (:func:`nuvec_mlx._depends.depends`) on the
+block's *cotangents*: it cannot start before the backward pass arrives, and
+compile's common subexpression elimination cannot merge it with the forward
+pass. The gradients a block returns also depend on one another (the "chain"),
+so that a block's parameter gradients are finished before the cotangent moves
+on to the previous block and its recomputed activations can be freed.
+
+The checkpoint is an :func:`mlx.core.custom_function` with ``vjp`` (that
+recomputation), ``jvp`` and ``vmap`` rules, so every transform goes through
+it. Its rules differentiate its inputs only; whatever else the function reads
+is differentiated by MLX through the forward's own graph (``_also_into``), so
+that no derivative is silently lost.
 
 :func:`checkpoint_flat` is that mechanism for flat functions; :func:`checkpoint`
-puts functions of pytrees, and the modules they capture, through it.
+puts functions of pytrees, and the modules they reach, through it.
 """
 
 from __future__ import annotations
@@ -157,15 +163,15 @@ def checkpoint_flat(fn: FlatFn, *, allow_captured: bool = False) -> Callable[[Se
     Integer and bool inputs are passed through undifferentiated. Random draws
     (``mx.random``) are repeated identically on recomputation. ``mx.vmap``
     and ``mx.jvp`` go through it (also of its gradient: per-example gradients,
-    Hessian-vector products). When its gradient is built, ``fn`` runs once
-    more on stand-in inputs to check that it reads no traced array besides
-    its inputs (whose derivative would silently be zero): if it does, that
-    raises ``ValueError``.
+    Hessian-vector products). Arrays ``fn`` reads besides its inputs (by
+    closure, say) are differentiated too, exactly, through the forward's
+    graph, which then stays alive until the backward pass: pass them as
+    inputs to have them recomputed.
 
     Args:
-        fn: ``list[mx.array] -> list[mx.array]``, a function of its inputs.
-        allow_captured: skip that check: arrays ``fn`` reads from elsewhere
-            are constants (zero derivative), traced or not.
+        fn: ``list[mx.array] -> list[mx.array]``.
+        allow_captured: make arrays ``fn`` reads besides its inputs constants
+            (zero derivative) instead.
 
     Returns:
         A flat function with the values and gradients of ``fn``.
@@ -227,15 +233,14 @@ def checkpoint(fn: Callable | None = None, *, allow_captured: bool = False) -> C
     trainable parameters are differentiated, their other arrays (frozen
     parameters, running statistics) are constants, and arrays the forward
     assigns to them (BatchNorm's running statistics) stay, as without the
-    checkpoint. A traced array that ``fn`` reads from anywhere but its
-    arguments and those modules would get a zero gradient: building the
-    gradient then raises ``ValueError`` naming the route, unless
-    ``allow_captured=True`` makes such arrays constants knowingly.
+    checkpoint. Anything else ``fn`` reads (an array by any route, a module by
+    a route not searched) is differentiated exactly through the forward's
+    graph, which then stays alive until the backward pass.
 
     Args:
         fn: the function to checkpoint (may also be an ``nn.Module``).
-        allow_captured: treat captured arrays as constants (zero gradient)
-            instead of raising.
+        allow_captured: make arrays ``fn`` reads besides its arguments and
+            those modules constants (zero derivative) instead.
 
     Returns:
         A function with the signature, values and gradients of ``fn``.

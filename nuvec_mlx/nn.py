@@ -2,7 +2,11 @@
 
 ``checkpoint_module`` works per instance: it swaps the instance's class for a
 cached subclass whose ``__call__`` runs checkpointed (``type(m).__call__`` of
-other instances is untouched), and swapping back undoes it.
+other instances is untouched), and swapping back undoes it. The subclass
+pickles by reference to the original class, so a checkpointed model pickles
+and loads checkpointed. Only ``__call__`` is wrapped: a module whose class
+defines none is refused, and a model that calls a block some other way runs
+it unchecked.
 """
 
 from __future__ import annotations
@@ -78,6 +82,9 @@ def checkpoint_module(module: nn.Module, enable: bool = True) -> nn.Module:
     Returns:
         ``module`` itself.
 
+    Raises:
+        TypeError: ``module``'s class defines no ``__call__``.
+
     Example:
         >>> nv.checkpoint_module(model.layers[0])
     """
@@ -122,7 +129,12 @@ def checkpoint_layers(
         enable: wrap (True) or unwrap (False).
 
     Returns:
-        How many blocks were wrapped (or unwrapped).
+        How many blocks were wrapped (or unwrapped): blocks whose ``__call__``
+        now runs checkpointed.
+
+    Raises:
+        TypeError: a block to wrap defines no ``__call__`` (nothing calls it
+            through a checkpoint); nothing is wrapped then.
 
     Example:
         >>> nv.checkpoint_layers(model)            # every block
