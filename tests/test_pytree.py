@@ -297,6 +297,30 @@ def test_state_a_captured_module_assigns_in_the_forward_stays_once():
     assert_close(after_one, bn2.running_mean)
 
 
+class _Counter(nn.Module):
+    """Counts its calls in an array it assigns to itself, and records each assignment."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = mx.array(0.0)
+        self.assigned = []
+
+    def __call__(self, x):
+        self.count = self.count + 1
+        self.assigned.append(self.count)
+        return x * self.count
+
+
+def test_the_recomputation_sees_the_forwards_state_and_leaves_the_module_as_it_found_it():
+    m = _Counter()
+    f = nv.checkpoint(lambda x: m(x))
+    grad = mx.grad(lambda x: f(x).sum())(mx.ones((2,)))
+    assert_close(grad, mx.ones((2,)))  # computed with count 1, not 2
+    assert len(m.assigned) == 2  # the forward and the recomputation ran
+    assert m.count is m.assigned[0]  # the forward's assignment stays, the recomputation's does not
+    assert m.count.item() == 1
+
+
 class _Keyed(nn.Module):
     """A module holding submodules under digit keys and a parameter under a dotted key."""
 
