@@ -11,7 +11,7 @@ Followed, from ``fn``: ``fn`` itself (a module, or a callable object's
 ``__call__``), a bound method's ``self`` and function, a
 ``functools.partial``'s function, arguments and keywords; a function's
 closure cells, default values (positional and keyword-only) and the globals
-its code names (also in the lambdas and comprehensions it defines); and, from
+its code loads (also in the lambdas and comprehensions it defines); and, from
 every object reached so, the items of lists, tuples, dicts and sets, the
 attributes of plain objects (``__dict__`` and ``__slots__``) and the Python
 attributes of modules, and the functions found (helper functions, followed
@@ -21,6 +21,7 @@ builtins, objects of C types, arrays; and no more than :data:`LIMIT` objects.
 
 from __future__ import annotations
 
+import dis
 import functools
 import types
 from collections.abc import Callable, Iterator
@@ -38,12 +39,22 @@ _OPAQUE = (
 )
 
 
-def _code_names(code: types.CodeType) -> Iterator[str]:
-    """The global names a code object and the code objects nested in it use."""
-    yield from code.co_names
+_LOADS_GLOBAL = ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS")
+
+
+@functools.lru_cache(maxsize=4096)
+def _global_names(code: types.CodeType) -> tuple[str, ...]:
+    """The global names a code object and the code objects nested in it load.
+
+    Only names loaded as globals: ``co_names`` also holds attribute names,
+    and a global that happens to share one (``model`` and ``self.model``) is
+    not reached.
+    """
+    names = [i.argval for i in dis.get_instructions(code) if i.opname in _LOADS_GLOBAL]
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            yield from _code_names(const)
+            names.extend(_global_names(const))
+    return tuple(dict.fromkeys(names))
 
 
 def _function_parts(fn: types.FunctionType) -> Iterator[Any]:
@@ -54,8 +65,7 @@ def _function_parts(fn: types.FunctionType) -> Iterator[Any]:
             pass
     yield from fn.__defaults__ or ()
     yield from (fn.__kwdefaults__ or {}).values()
-    names = dict.fromkeys(_code_names(fn.__code__))
-    yield from (fn.__globals__[name] for name in names if name in fn.__globals__)
+    yield from (fn.__globals__[n] for n in _global_names(fn.__code__) if n in fn.__globals__)
 
 
 def _parts(obj: Any) -> Iterator[Any]:

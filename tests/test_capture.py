@@ -75,6 +75,22 @@ def test_a_helper_functions_global_is_followed():
     assert _capture.modules(lambda x: _uses_global(x)) == [_GLOBAL_MODULE]
 
 
+class _HasModel:
+    def __init__(self, model):
+        self.model = model
+
+
+def test_an_attribute_name_that_is_also_a_global_name_does_not_reach_the_global():
+    global model
+    model = nn.Linear(2, 2)  # a script's global, named like an attribute fn reads
+    try:
+        owner = _HasModel(nn.Linear(2, 2))
+        found = _capture.modules(lambda x: owner.model(x))
+        assert found == [owner.model]
+    finally:
+        del model
+
+
 def test_classes_python_modules_and_arrays_are_not_followed():
     Hidden.module = nn.Linear(2, 2)
     assert _capture.modules(lambda x: Hidden.module(x)) == []
