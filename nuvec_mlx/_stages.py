@@ -36,6 +36,8 @@ from collections.abc import Callable, Iterator, Sequence
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from . import _depends
+
 #: Registered steps remembered per thread: older ones are evaluated unstaged.
 REMEMBERED = 16
 
@@ -77,11 +79,11 @@ def mark(arrays: Sequence[mx.array], stage_kind: str) -> list[mx.array]:
     stages = _collector.get()
     if stages is None or not arrays:
         return list(arrays)
-    marker = mx.depends([mx.zeros((1,), dtype=_DTYPES[stage_kind])], list(arrays))[0]
+    marker = _depends.depends([mx.zeros((1,), dtype=_DTYPES[stage_kind])], list(arrays))[0]
     stages.append(marker)
     # Whatever reads the arrays from now on reads them through the marker, so
     # any evaluation of them evaluates it, right after them, and lets it go.
-    return mx.depends(list(arrays), [marker])
+    return _depends.depends(list(arrays), [marker])
 
 
 class _Entry:

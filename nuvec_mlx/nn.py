@@ -2,7 +2,11 @@
 
 ``checkpoint_module`` works per instance: it swaps the instance's class for a
 cached subclass whose ``__call__`` runs checkpointed (``type(m).__call__`` of
-other instances is untouched), and swapping back undoes it.
+other instances is untouched), and swapping back undoes it. The subclass
+pickles by reference to the original class, so a checkpointed model pickles
+and loads checkpointed. Only ``__call__`` is wrapped: a module whose class
+defines none is refused, and a model that calls a block some other way runs
+it unchecked.
 """
 
 from __future__ import annotations
@@ -20,15 +24,38 @@ _subclasses: dict[type, type] = {}
 
 
 def _checkpointed_class(cls: type) -> type:
+    """The cached subclass of ``cls`` whose ``__call__`` runs checkpointed."""
     if cls not in _subclasses:
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            return _pytree.call_flat(
-                checkpoint_flat, lambda *a, **k: cls.__call__(self, *a, **k), args, kwargs, [self]
-            )
+            # The original __call__, bound: self and what its code reaches are captured.
+            return _pytree.call_flat(checkpoint_flat, cls.__call__.__get__(self), args, kwargs)
+
+        def __reduce_ex__(self, protocol: int) -> tuple:
+            # Pickled by reference to the original class (the subclass is made at
+            # run time, pickle could not find it), and checkpointed again on load.
+            return (_new_checkpointed, (cls,), *object.__reduce_ex__(self, protocol)[2:])
+
         _subclasses[cls] = type(cls.__name__, (cls,), {
-            "__call__": __call__, "_nuvec_original_class": cls,
+            "__call__": __call__, "__reduce_ex__": __reduce_ex__, "_nuvec_original_class": cls,
             "__module__": cls.__module__, "__qualname__": cls.__qualname__})
     return _subclasses[cls]
+
+
+def _new_checkpointed(cls: type) -> nn.Module:
+    """An empty checkpointed instance of ``cls``, for pickle and copy to fill."""
+    sub = _checkpointed_class(cls)
+    return sub.__new__(sub)
+
+
+def _check_has_call(module: nn.Module, name: str) -> nn.Module:
+    """``module`` if its class defines ``__call__`` (what a checkpoint wraps), else ``TypeError``."""
+    if not any("__call__" in vars(c) for c in type(module).__mro__ if c is not object):
+        raise TypeError(
+            f"{name} ({type(module).__name__}) has no __call__, so nothing calls it through a "
+            "checkpoint; checkpoint the modules the model calls, or the function that uses it "
+            "with nv.checkpoint"
+        )
+    return module
 
 
 def is_checkpointed(module: nn.Module) -> bool:
@@ -55,12 +82,15 @@ def checkpoint_module(module: nn.Module, enable: bool = True) -> nn.Module:
     Returns:
         ``module`` itself.
 
+    Raises:
+        TypeError: ``module``'s class defines no ``__call__``.
+
     Example:
         >>> nv.checkpoint_module(model.layers[0])
     """
     _validate.check_module(module, "module")
     _validate.check_bool(enable, "enable")
-    if enable and not is_checkpointed(module):
+    if enable and not is_checkpointed(_check_has_call(module, "module")):
         module.__class__ = _checkpointed_class(type(module))
     elif not enable and is_checkpointed(module):
         module.__class__ = type(module).__dict__["_nuvec_original_class"]
@@ -99,7 +129,12 @@ def checkpoint_layers(
         enable: wrap (True) or unwrap (False).
 
     Returns:
-        How many blocks were wrapped (or unwrapped).
+        How many blocks were wrapped (or unwrapped): blocks whose ``__call__``
+        now runs checkpointed.
+
+    Raises:
+        TypeError: a block to wrap defines no ``__call__`` (nothing calls it
+            through a checkpoint); nothing is wrapped then.
 
     Example:
         >>> nv.checkpoint_layers(model)            # every block
@@ -110,6 +145,9 @@ def checkpoint_layers(
     _validate.check_bool(enable, "enable")
     blocks = [_validate.check_module(b, f"layers[{i}]") for i, b in enumerate(_find_layers(model, layers))]
     count = 0
+    for i, block in enumerate(blocks):
+        if enable and i % every == 0:
+            _check_has_call(block, f"layers[{i}]")  # before any block is wrapped
     for i, block in enumerate(blocks):
         if i % every == 0 and is_checkpointed(block) != enable:
             checkpoint_module(block, enable)
@@ -161,8 +199,7 @@ def checkpoint_sequential(
                 for layer in group:
                     h = layer(h)
                 return h
-            mods = [m for m in group if isinstance(m, nn.Module)]
-            x = _pytree.call_flat(checkpoint_flat, seg, (x,), {}, mods)
+            x = _pytree.call_flat(checkpoint_flat, seg, (x,), {})  # seg reaches its layers
         return x
 
     return run

@@ -1,12 +1,15 @@
+import copy
+import pickle
+
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import pytest
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_map
 
 import nuvec_mlx as nv
 from tests.helpers import assert_close
-from mlx_lm.models import llama, qwen2, gemma
+from mlx_lm.models import gemma, gemma4_text, llama, qwen2
 
 CFG = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
            num_attention_heads=4, num_key_value_heads=4, rms_norm_eps=1e-5, vocab_size=128)
@@ -46,6 +49,23 @@ def test_gradients_equal(arch):
     assert all(type(layer) is not original and isinstance(layer, original) for layer in m.layers)
     assert nv.checkpoint_layers(m, enable=False) == 2
     assert all(type(layer) is original and not nv.is_checkpointed(layer) for layer in m.layers)
+
+
+def test_layers_returning_arrays_and_python_values_give_plain_gradients():
+    # gemma4_text's layers return (h, shared_kv, offset): the KV-shared layers
+    # read an earlier layer's keys and values, offset is the int 0.
+    mx.random.seed(0)
+    m = gemma4_text.Model(gemma4_text.ModelArgs(
+        hidden_size=32, num_hidden_layers=4, intermediate_size=64, num_attention_heads=2,
+        head_dim=8, global_head_dim=16, vocab_size=64, vocab_size_per_layer_input=64,
+        num_key_value_heads=1, num_kv_shared_layers=2, hidden_size_per_layer_input=8,
+        sliding_window=16, sliding_window_pattern=2))
+    mx.eval(m.parameters())
+    assert m.model.previous_kvs == [0, 1, 0, 1]
+    x = mx.random.randint(0, 64, (2, 12))
+    g0 = grads(m, x)
+    assert nv.checkpoint_layers(m) == 4
+    assert_close(grads(m, x), g0, 1e-5)
 
 
 def test_instance_level_and_every():
@@ -95,6 +115,52 @@ def test_lora_only_adapters_train():
     assert len(g0) == 4  # lora_a, lora_b per layer
     nv.checkpoint_layers(m)
     assert_close(grads(m, x), g0, 1e-5)
+
+
+@pytest.mark.parametrize("clone", [lambda m: pickle.loads(pickle.dumps(m)), copy.deepcopy], ids=["pickle", "deepcopy"])
+def test_checkpointed_modules_pickle_and_copy_as_checkpointed_modules(clone):
+    m = make("llama")
+    x = mx.random.randint(0, 128, (2, 9))
+    g0 = grads(m, x)
+    nv.checkpoint_layers(m)
+    c = clone(m)
+    assert all(nv.is_checkpointed(layer) for layer in c.layers)
+    assert type(c.layers[0]) is type(m.layers[0])
+    assert [k for k, _ in tree_flatten(c.parameters())] == [k for k, _ in tree_flatten(m.parameters())]
+    assert_close(grads(c, x), g0, 1e-5)
+
+
+def test_checkpointed_modules_keep_their_parameter_names_for_save_and_load(tmp_path):
+    m = make("llama")
+    names = [k for k, _ in tree_flatten(m.parameters())]
+    nv.checkpoint_layers(m)
+    m.save_weights(str(tmp_path / "w.safetensors"))
+    plain = make("llama")
+    plain.update(tree_map(mx.zeros_like, plain.parameters()))
+    plain.load_weights(str(tmp_path / "w.safetensors"))
+    assert sorted(mx.load(str(tmp_path / "w.safetensors"))) == sorted(names)
+    assert_close([v for _, v in tree_flatten(plain.parameters())], [v for _, v in tree_flatten(m.parameters())])
+    nv.checkpoint_layers(plain)
+    plain.load_weights(str(tmp_path / "w.safetensors"))  # strict: every name found
+
+
+class _Container(nn.Module):
+    """Holds blocks but defines no __call__: nothing can call it through a checkpoint."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(2, 2)
+
+
+def test_modules_without_call_are_refused_before_anything_is_wrapped():
+    model = nn.Sequential(nn.Linear(2, 2), _Container())
+    with pytest.raises(TypeError, match=r"layers\[1\] \(_Container\) has no __call__"):
+        nv.checkpoint_layers(model)  # model.layers
+    with pytest.raises(TypeError, match=r"layers\[0\] \(_Container\) has no __call__"):
+        nv.checkpoint_layers(model, layers=lambda mod: isinstance(mod, _Container))
+    assert not any(nv.is_checkpointed(mod) for _, mod in model.named_modules())
+    with pytest.raises(TypeError, match=r"module \(_Container\) has no __call__"):
+        nv.checkpoint_module(_Container())
 
 
 def test_errors():
