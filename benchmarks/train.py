@@ -35,8 +35,8 @@ SUITES = {
     "cpu": dict(archs="llama", modes="full,lora,qlora", strategies=",".join(STRATEGIES), hidden=64, layers=4,
                 batch=2, seq=128, vocab=256, dtype="bfloat16", memory=16, seqs="64,128,256,512", seq_step=64,
                 max_seq=2048, repeats=3),
-    "h200": dict(archs="llama,qwen3_moe", modes="full,lora,qlora", strategies="none,mlx-lm,nuvec", hidden=2048,
-                 layers=16, batch=4, seq=2048, vocab=32000, dtype="bfloat16", memory=16 * 1024,
+    "h200": dict(archs="llama,qwen3_moe", modes="full,lora,qlora", strategies="none,mlx-lm,nuvec,nuvec-mx-eval",
+                 hidden=2048, layers=16, batch=4, seq=2048, vocab=32000, dtype="bfloat16", memory=16 * 1024,
                  seqs="512,1024,2048,4096", seq_step=256, max_seq=65536, repeats=5),
 }
 

@@ -39,8 +39,8 @@ def _ratio(r: dict, name: str) -> str:
 
 def table(rows: list[dict]) -> list[str]:
     """Markdown table lines, one per workload and strategy."""
-    lines = ["| workload | strategy | held MiB | step peak MiB (min–max) | vs none | vs mlx-lm | step s (min–max) "
-             "| vs mlx-lm | tokens/s | largest seq |",
+    lines = ["| workload | strategy | held MiB | step peak MiB (min–max) | peak / none | peak / mlx-lm "
+             "| step s (min–max) | time / mlx-lm | tokens/s | largest seq |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         p, t = r["peak"], r["time"]
@@ -68,7 +68,8 @@ def notes(rows: list[dict], args: argparse.Namespace) -> list[str]:
         f"- times: {measure.TIMES}; tokens/s = batch x seq / the median step time",
         "- strategies: `none` and `mlx-lm` are mlx-lm's trainer step (`mx.compile` of `nn.value_and_grad`, "
         "`mx.eval`), `mlx-lm` with its `grad_checkpoint`; `nuvec` is `nuvec_mlx.mlx_lm.training_step` with every "
-        f"block checkpointed, `nv.eval` at {budgets.budget_text(args.budget)}; `nuvec-inf` the same at budget inf",
+        f"block checkpointed, `nv.eval` at {budgets.budget_text(args.budget)}; `nuvec-inf` the same at budget inf; "
+        "`nuvec-mx-eval` nuvec's checkpoint on every block in mlx-lm's own step (`mx.compile`, `mx.eval`)",
     ]
     if args.seqs:
         lines.append(f"- peak against length: one warm step per strategy at each of {args.seqs} tokens")
@@ -100,14 +101,16 @@ def plot(rows: list[dict], memory_mib: float) -> plt.Figure | None:
     if not labels:
         return None
     fig, axes = plt.subplots(len(labels), 1, figsize=(7, 1.5 + 3 * len(labels)), squeeze=False)
-    colors = {"none": "tab:gray", "mlx-lm": "tab:blue", "nuvec": "tab:green", "nuvec-inf": "tab:olive"}
+    styles = {"none": ("tab:gray", "o-"), "mlx-lm": ("tab:blue", "s-"), "nuvec": ("tab:green", "o-"),
+              "nuvec-inf": ("tab:olive", "^--"), "nuvec-mx-eval": ("tab:purple", "v:")}
     for ax, label in zip(axes[:, 0], labels):
         for r in (r for r in rows if r["label"] == label):
             points = sorted({int(k): v for k, v in {**r.get("sweep", {}), **r.get("search", {})}.items()}.items())
-            ax.plot([s for s, _ in points], [(r["resident"] + p) / MiB for _, p in points], "o-", ms=3,
-                    color=colors.get(r["strategy"]), label=r["strategy"])
+            color, style = styles.get(r["strategy"], ("k", "o-"))
+            ax.plot([s for s, _ in points], [(r["resident"] + p) / MiB for _, p in points], style, ms=4,
+                    color=color, label=r["strategy"])
             if r.get("largest_seq"):
-                ax.axvline(r["largest_seq"], color=colors.get(r["strategy"]), ls=":", lw=0.8)
+                ax.axvline(r["largest_seq"], color=color, ls=":", lw=0.8)
         if memory_mib:
             ax.axhline(memory_mib, color="k", ls="--", lw=0.8)
             ax.annotate(f" {memory_mib:g} MiB", (0, memory_mib), xycoords=("axes fraction", "data"), fontsize=7)

@@ -12,7 +12,10 @@ The strategies, each the step a user's trainer runs:
   nuvec, the step of :func:`nuvec_mlx.mlx_lm.training_step`, :func:`nuvec_mlx.eval`
   at nuvec_mlx's default budget (or the one in force);
 - ``nuvec-inf``: the same, ``nv.eval`` at budget ``math.inf``: no throttle within
-  the stages (on a GPU, nuvec_mlx's default; on a CPU the default throttles at 1 MiB).
+  the stages (on a GPU, nuvec_mlx's default; on a CPU the default throttles at 1 MiB);
+- ``nuvec-mx-eval``: nuvec's checkpoint on every block inside mlx-lm's own trainer
+  step (``mx.compile``, ``mx.eval``): what ``nv.checkpoint_layers(model)`` before
+  ``mlx_lm.tuner.trainer.train`` gives, unstaged.
 
 The modes are mlx-lm's: ``full`` (every block trained), ``lora`` (LoRA on every
 block's linear layers) and ``qlora`` (LoRA on a 4-bit quantized base).
@@ -42,8 +45,10 @@ import nuvec_mlx as nv
 from nuvec_mlx import mlx_lm as nv_mlx_lm
 from nuvec_mlx_bench import architectures
 
-STRATEGIES = ("none", "mlx-lm", "nuvec", "nuvec-inf")
-NUVEC = ("nuvec", "nuvec-inf")
+STRATEGIES = ("none", "mlx-lm", "nuvec", "nuvec-inf", "nuvec-mx-eval")
+#: The strategies that checkpoint with nuvec, and those of them that run nuvec's step and nv.eval.
+NUVEC = ("nuvec", "nuvec-inf", "nuvec-mx-eval")
+STAGED = ("nuvec", "nuvec-inf")
 MODES = ("full", "lora", "qlora")
 
 
@@ -125,7 +130,7 @@ class Case:
         self.model.train()
         self.optimizer = optim.Adam(learning_rate=1e-5)  # mlx_lm.lora's defaults
         self.optimizer.init(self.model.trainable_parameters())
-        if strategy in NUVEC:
+        if strategy in STAGED:
             self._step, self.state = nv_mlx_lm.training_step(self.model, self.optimizer)
         else:
             self.state = [self.model.state, self.optimizer.state, mx.random.state]
@@ -138,26 +143,10 @@ class Case:
         tokens = mx.random.randint(0, w.vocab, (w.batch, seq + 1), key=mx.random.key(seq))
         return tokens, mx.array([[0, seq + 1]] * w.batch)
 
-    @contextlib.contextmanager
-    def _checkpointing(self) -> Iterator[None]:
-        if self.strategy in NUVEC:
-            with nv_mlx_lm.checkpointed_blocks(self.model):
-                yield
-        elif self.strategy == "mlx-lm":
-            cls = type(self.model.layers[0])
-            held = cls.__dict__["__call__"]
-            grad_checkpoint(self.model.layers[0])
-            try:
-                yield
-            finally:
-                cls.__call__ = held
-        else:
-            yield
-
     def step(self, batch: tuple[mx.array, mx.array]) -> tuple[mx.array, mx.array]:
         """Dispatch one training step (its strategy's checkpoints in place while it is traced)."""
-        with self._checkpointing():
-            if self.strategy in NUVEC:
+        with checkpointing(self.strategy, self.model):
+            if self.strategy in STAGED:
                 return self._step(batch, None, True)[:2]
             return self._step(batch)
 
@@ -173,6 +162,32 @@ class Case:
     def resident(self) -> int:
         """Bytes this case holds between steps: the model's parameters and the optimizer's state."""
         return _nbytes(self.model.parameters()) + _nbytes(self.optimizer.state)
+
+
+@contextlib.contextmanager
+def checkpointing(strategy: str, model: nn.Module) -> Iterator[None]:
+    """The strategy's checkpoints on ``model``'s blocks inside, and none after.
+
+    ``mlx-lm``: mlx-lm's ``grad_checkpoint`` on ``model.layers[0]`` (its class's
+    ``__call__`` put back after); the nuvec strategies: nuvec's on every block (:func:`nuvec_mlx.mlx_lm.checkpointed_blocks`); ``none``: nothing.
+
+    Example:
+        >>> with checkpointing("mlx-lm", model):
+        ...     grads = step(batch)
+    """
+    if strategy in NUVEC:
+        with nv_mlx_lm.checkpointed_blocks(model):
+            yield
+    elif strategy == "mlx-lm":
+        cls = type(model.layers[0])
+        held = cls.__dict__["__call__"]
+        grad_checkpoint(model.layers[0])
+        try:
+            yield
+        finally:
+            cls.__call__ = held
+    else:
+        yield
 
 
 def _mlx_lm_step(model: nn.Module, optimizer: optim.Optimizer, state: list) -> Any:

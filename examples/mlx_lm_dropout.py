@@ -36,6 +36,7 @@ from mlx_lm.tuner.utils import linear_to_lora_layers
 import nuvec_mlx as nv
 from nuvec_mlx import mlx_lm as nv_mlx_lm
 from nuvec_mlx_bench import architectures
+from nuvec_mlx_bench.train_steps import checkpointing
 
 BATCH, SEQ, STEPS, VOCAB = 2, 128, 5, 256
 STRATEGIES = ("none", "mlx-lm", "nuvec")
@@ -52,24 +53,6 @@ def lora_model(dropout: float) -> nn.Module:
 def batch() -> tuple[mx.array, mx.array]:
     tokens = mx.random.randint(0, VOCAB, (BATCH, SEQ + 1), key=mx.random.key(1))
     return tokens, mx.array([[0, SEQ + 1]] * BATCH)
-
-
-@contextlib.contextmanager
-def checkpointing(strategy: str, model: nn.Module):
-    """mlx-lm's grad_checkpoint (its class patch undone after) or nuvec's blocks, for the strategy."""
-    if strategy == "nuvec":
-        with nv_mlx_lm.checkpointed_blocks(model):
-            yield
-    elif strategy == "mlx-lm":
-        cls = type(model.layers[0])
-        held = cls.__dict__["__call__"]
-        trainer.grad_checkpoint(model.layers[0])
-        try:
-            yield
-        finally:
-            cls.__call__ = held
-    else:
-        yield
 
 
 def first_gradients(strategy: str, dropout: float) -> tuple[list[mx.array], mx.array]:

@@ -122,7 +122,7 @@ def checkpointed_blocks(model: nn.Module) -> Iterator[list[nn.Module]]:
     layers = getattr(model, "layers", None)
     if not isinstance(layers, (list, tuple)) or not layers:
         raise ValueError("model must have its blocks in model.layers (a list, as mlx-lm's models have)")
-    blocks = [b for b in layers if not is_checkpointed(_validate.check_module(b, "model.layers[i]"))]
+    blocks = [b for i, b in enumerate(layers) if not is_checkpointed(_validate.check_module(b, f"model.layers[{i}]"))]
     for b in blocks:
         checkpoint_module(b)
     try:
