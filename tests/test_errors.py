@@ -4,9 +4,12 @@ import math
 
 import mlx.core as mx
 import mlx.nn as nn
+import mlx.optimizers as optim
 import pytest
+from mlx_lm.tuner.trainer import TrainingArgs
 
 import nuvec_mlx as nv
+from nuvec_mlx import mlx_lm as nvlm
 
 a = mx.ones((2,))
 i = mx.array([1], dtype=mx.int32)
@@ -174,6 +177,20 @@ CATALOGUE = [
      TypeError, r"reset_peak\(\) takes 0 positional arguments but 1 was given$"),
     ("memory.current_budget: staged not a bool", lambda: nv.memory.current_budget(0),
      TypeError, r"^staged must be a bool, got int$"),
+    # mlx_lm
+    ("mlx_lm.train: args not TrainingArgs", lambda: nvlm.train(nn.Linear(2, 2), optim.Adam(1e-3), [], args={}),
+     TypeError, r"^args must be an mlx_lm.tuner.trainer.TrainingArgs, got dict$"),
+    ("mlx_lm.train: grad_accumulation_steps zero",
+     lambda: nvlm.train(nn.Linear(2, 2), optim.Adam(1e-3), [], args=TrainingArgs(grad_accumulation_steps=0)),
+     ValueError, r"^grad_accumulation_steps must be >= 1, got 0$"),
+    ("mlx_lm.training_step: optimizer not an Optimizer", lambda: nvlm.training_step(nn.Linear(2, 2), "adam"),
+     TypeError, r"^optimizer must be an mlx.optimizers.Optimizer, got str$"),
+    ("mlx_lm.training_step: model not a module", lambda: nvlm.training_step("model", optim.Adam(1e-3)),
+     TypeError, r"^model must be an mlx.nn.Module, got str$"),
+    ("mlx_lm.checkpointed_blocks: no model.layers", lambda: enter(nvlm.checkpointed_blocks(nn.Linear(2, 2))),
+     ValueError, r"^model must have its blocks in model.layers \(a list, as mlx-lm's models have\)$"),
+    ("mlx_lm.main: argv a string", lambda: nvlm.main("--train"),
+     TypeError, r"^argv must be a list of str, got str$"),
 ]
 
 
@@ -185,7 +202,8 @@ def test_misuse_raises_a_precise_error(misuse, error, match):
 
 
 PUBLIC = [*(n for n in nv.__all__ if n not in ("memory", "Compiled", "CompiledFlat")),
-          *(f"memory.{n}" for n in ("stats", "reset_peak", "measure", "budget", "current_budget", "all_stats"))]
+          *(f"memory.{n}" for n in ("stats", "reset_peak", "measure", "budget", "current_budget", "all_stats")),
+          *(f"mlx_lm.{n}" for n in ("train", "training_step", "checkpointed_blocks", "main"))]
 
 
 @pytest.mark.parametrize("name", PUBLIC)
