@@ -21,6 +21,7 @@ import gc
 import sys
 from pathlib import Path
 
+import mlx_lm
 from tqdm import tqdm
 
 import nuvec_mlx as nv
@@ -143,7 +144,7 @@ def run(argv: list[str] | None = None) -> list[dict]:
         >>> rows = run(["--hidden", "32", "--layers", "2", "--seq", "32", "--memory", "0", "--seqs", ""])
     """
     args = parse_args(argv)
-    env = {**environment.environment(environment.command_line(PROG, argv)),
+    env = {**environment.environment(environment.command_line(PROG, argv)), "mlx_lm": mlx_lm.__version__,
            "nv.eval budget": budgets.budget_text(args.budget)}
     rows: list[dict] = []
     for done, w in enumerate(args.workloads, 1):

@@ -152,7 +152,9 @@ def train(
     of the steps since the last report (active memory, weights and optimizer
     state included, read after :func:`mlx.core.synchronize` by
     :func:`nuvec_mlx.memory.measure` without clearing the cache); the callbacks
-    get it as ``step_peak_memory`` (GB), beside mlx-lm's ``peak_memory``.
+    get it as ``step_peak_memory`` (GB), beside mlx-lm's ``peak_memory``. As
+    mlx-lm's, it sets MLX's wired limit on a Mac
+    (``mlx_lm.utils.maybe_set_recommended_wired_limit``).
 
     Args:
         model, optimizer, train_dataset, val_dataset, args, loss,
