@@ -68,14 +68,6 @@ def folders(tmp_path_factory):
     return folder
 
 
-@pytest.fixture
-def eager():
-    """mx.compile off for the test (both commands then run their steps uncompiled)."""
-    mx.disable_compile()
-    yield
-    mx.enable_compile()
-
-
 def lora_args(model: Path, data: Path, adapters: Path, mode: str, *extra: str) -> list[str]:
     return ["--model", str(model), "--train", "--data", str(data), "--adapter-path", str(adapters),
             "--fine-tune-type", "full" if mode == "full" else "lora", "--num-layers", "-1",
