@@ -86,7 +86,7 @@ def write(out: Path, env: dict, rows: list[dict], notes: list[str]) -> list[Path
     out.mkdir(parents=True, exist_ok=True)
     figures = {"peak_by_strategy.png": plot_strategies(rows), "peak_vs_depth.png": plot_depth(rows),
                "time_vs_peak.png": plot_time(rows)}
-    plots = [_save(fig, out / name, caption(env)) for name, fig in figures.items() if fig is not None]
+    plots = [save_figure(fig, out / name, caption(env)) for name, fig in figures.items() if fig is not None]
     (out / "results.json").write_text(
         json.dumps({"environment": env, "notes": notes, "rows": rows}, indent=1)
     )
@@ -160,7 +160,8 @@ def plot_time(rows: list[dict]) -> plt.Figure | None:
     return fig
 
 
-def _save(fig: plt.Figure, path: Path, text: str) -> Path:
+def save_figure(fig: plt.Figure, path: Path, text: str) -> Path:
+    """Write ``fig`` to ``path`` (PNG) with ``text`` (a :func:`caption`) at its foot, and close it."""
     fig.text(0.01, 0.01, text, fontsize=6, va="bottom", wrap=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -18,13 +18,18 @@
 #   mlx-graphs  the MLX strategies again with MLX's own CUDA graph size (100 ops on an H200)
 #   budgets     budget sweeps of the seed step, input-only and with weight gradients
 #   budget0     the seed MLP (input gradient) and its depth sweep at budget 0: no run-ahead, and its cost
-#   all         every part, each whether or not the one before failed, then OUTDIR packed into
+#   train-llama the fine-tuning benchmark (nuvec-mlx-bench-train --suite h200) on the 1B Llama (hidden
+#               2048, 16 layers, seq 2048, batch 4, bf16): full, LoRA, QLoRA; none, mlx-lm's
+#               grad_checkpoint, nuvec; peak against length and the largest length in 16 GiB
+#   train-moe   the same on the MoE (qwen3_moe, 8 experts, top 2, same sizes)
+#   train       both (longer than one device call: run the halves where calls are limited)
+#   all         every part but the train parts, each whether or not the one before failed, then OUTDIR packed into
 #               OUTDIR.tgz (the device returns at most 8 files: keep OUTDIR outside the folder
 #               that comes back and copy OUTDIR.tgz into it)
 # A part that fails says so at the end of its log and on the console; the others still run, and
 # the script's exit status is 1 if any part failed.
 set -uo pipefail
-usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|mlx-graphs|budgets|budget0|all"
+usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|mlx-graphs|budgets|budget0|train|train-llama|train-moe|all"
 out=${1:?$usage}
 part=${2:?$usage}
 # The machine's paths, each overridable from the environment.
@@ -33,6 +38,11 @@ SITE=${SITE:-/tmp/site}                         # where they are installed
 TORCH_VENV=${TORCH_VENV:-/opt/torch/.venv}      # PyTorch, JAX and the NVIDIA libraries
 NVIDIA_LIBS=${NVIDIA_LIBS:-$TORCH_VENV/lib/python3.12/site-packages/nvidia}
 BENCH_SRC=${BENCH_SRC:-/tmp/nuvec-bench-src}    # benchmarks/ under its import name, nuvec_mlx_bench
+# The train parts need mlx-lm 0.32.2 and its dependencies (transformers, tokenizers, rich ...) for the
+# H200's Python, fetched beforehand where PyPI can be reached, without MLX's own wheels (in $WHEELS):
+#   pip download mlx-lm==0.32.2 -d DIR --only-binary=:all: --python-version 3.12 \
+#     --platform manylinux_2_28_x86_64 && rm DIR/mlx-*.whl DIR/mlx_*.whl
+LM_WHEELS=${LM_WHEELS:-$WHEELS/mlx-lm}
 PY=$TORCH_VENV/bin/python
 
 set -e
@@ -79,6 +89,15 @@ part_budget0() {
   bench --suite full --models mlp --weight-grads off --budget 0 --strategies none,none-policy,nuvec \
     --peers none --out "$out/budget0"
 }
+# The fine-tuning benchmark. Not yet run: written on a machine without a GPU, for a later session.
+with_mlx_lm() {
+  [ -d "$SITE/mlx_lm" ] || $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$LM_WHEELS"/*.whl
+  $PY -c "import mlx_lm, nuvec_mlx.mlx_lm; print('mlx-lm', mlx_lm.__version__)"
+}
+train() { with_mlx_lm && $PY -m nuvec_mlx_bench.train --suite h200 "$@"; }
+part_train_llama() { train --archs llama --out "$out/train-llama"; }
+part_train_moe() { train --archs qwen3_moe --out "$out/train-moe"; }
+part_train() { part_train_llama; local status=$?; part_train_moe || status=1; return $status; }
 
 failed=0
 run_part() {  # run_part NAME: the part's output into its log; a failure is said, not fatal
@@ -95,7 +114,8 @@ run_part() {  # run_part NAME: the part's output into its log; a failure is said
 }
 
 case $part in
-  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|mlx-graphs|budgets|budget0) run_part "$part" ;;
+  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|mlx-graphs|budgets|budget0|train|train-llama|train-moe)
+    run_part "$part" ;;
   all)
     for p in suite mlx-graphs budgets budget0; do run_part "$p"; done
     tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")" && echo "packed $out into $out.tgz"

@@ -30,3 +30,12 @@ def compiled():
         "(on Linux CPU, g++ must be on PATH)"
     )
     return True
+
+
+@pytest.fixture
+def eager():
+    """mx.compile off for the test: steps run uncompiled, with no g++ kernel builds (about 30 s
+    per architecture on a cold kernel cache), where what is checked does not depend on compiling."""
+    mx.disable_compile()
+    yield
+    mx.enable_compile()

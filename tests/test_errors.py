@@ -4,9 +4,12 @@ import math
 
 import mlx.core as mx
 import mlx.nn as nn
+import mlx.optimizers as optim
 import pytest
+from mlx_lm.tuner.trainer import TrainingArgs
 
 import nuvec_mlx as nv
+from nuvec_mlx import mlx_lm as nvlm
 
 a = mx.ones((2,))
 i = mx.array([1], dtype=mx.int32)
@@ -188,6 +191,20 @@ CATALOGUE = [
      ValueError, r"^nbytes must be >= 0, got -1$"),
     ("memory.timeline: an argument", lambda: enter(nv.memory.timeline(1)),
      TypeError, r"timeline\(\) takes 0 positional arguments but 1 was given$"),
+    # mlx_lm
+    ("mlx_lm.train: args not TrainingArgs", lambda: nvlm.train(nn.Linear(2, 2), optim.Adam(1e-3), [], args={}),
+     TypeError, r"^args must be an mlx_lm.tuner.trainer.TrainingArgs, got dict$"),
+    ("mlx_lm.train: grad_accumulation_steps zero",
+     lambda: nvlm.train(nn.Linear(2, 2), optim.Adam(1e-3), [], args=TrainingArgs(grad_accumulation_steps=0)),
+     ValueError, r"^grad_accumulation_steps must be >= 1, got 0$"),
+    ("mlx_lm.training_step: optimizer not an Optimizer", lambda: nvlm.training_step(nn.Linear(2, 2), "adam"),
+     TypeError, r"^optimizer must be an mlx.optimizers.Optimizer, got str$"),
+    ("mlx_lm.training_step: model not a module", lambda: nvlm.training_step("model", optim.Adam(1e-3)),
+     TypeError, r"^model must be an mlx.nn.Module, got str$"),
+    ("mlx_lm.checkpointed_blocks: no model.layers", lambda: enter(nvlm.checkpointed_blocks(nn.Linear(2, 2))),
+     ValueError, r"^model must have its blocks in model.layers \(a list, as mlx-lm's models have\)$"),
+    ("mlx_lm.main: argv a string", lambda: nvlm.main("--train"),
+     TypeError, r"^argv must be a list of str, got str$"),
 ]
 
 
@@ -199,7 +216,8 @@ def test_misuse_raises_a_precise_error(misuse, error, match):
 
 
 PUBLIC = [*(n for n in nv.__all__ if n not in ("memory", "Compiled", "CompiledFlat")),
-          *(f"memory.{n}" for n in nv.memory.__all__ if n[0].islower())]
+          *(f"memory.{n}" for n in nv.memory.__all__ if n[0].islower()),
+          *(f"mlx_lm.{n}" for n in nvlm.__all__ if n[0].islower())]
 
 
 @pytest.mark.parametrize("name", PUBLIC)
