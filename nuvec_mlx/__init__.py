@@ -6,10 +6,11 @@ is the function; the module is its home (``sys.modules["nuvec_mlx.checkpoint"]
 .checkpoint`` is the same object).
 """
 
-from . import memory
+from . import memory, policies
 from .checkpoint import checkpoint, checkpoint_flat
 from .compile import Compiled, CompiledFlat, compile, compile_flat
 from .evaluate import eval
+from .policies import checkpoint_name
 from .grad import grad_flat, value_and_grad, value_and_grad_flat
 from .nn import checkpoint_layers, checkpoint_module, checkpoint_sequential, is_checkpointed
 
@@ -22,6 +23,7 @@ __all__ = [
     "checkpoint_flat",
     "checkpoint_layers",
     "checkpoint_module",
+    "checkpoint_name",
     "checkpoint_sequential",
     "compile",
     "compile_flat",
@@ -29,6 +31,7 @@ __all__ = [
     "grad_flat",
     "is_checkpointed",
     "memory",
+    "policies",
     "value_and_grad",
     "value_and_grad_flat",
 ]

@@ -25,7 +25,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from . import _capture, _flat, _pytree, _random, _stages, _validate
+from . import _capture, _flat, _pytree, _random, _saving, _stages, _validate, policies
 
 FlatFn = Callable[[list[mx.array]], Sequence[mx.array]]
 
@@ -50,16 +50,12 @@ def _signature(arrays: Sequence[mx.array]) -> list[tuple[tuple[int, ...], mx.Dty
     return [(tuple(a.shape), a.dtype) for a in arrays]
 
 
-def _chain(grads: list[mx.array]) -> list[mx.array]:
-    """Make the gradients depend on one another: none is done before all are."""
-    return mx.depends(grads, grads) if len(grads) > 1 else grads
-
-
 class _Call:
     """One call of a checkpointed ``fn``: its inputs, and the rules ``mx.custom_function`` runs."""
 
-    def __init__(self, fn: FlatFn, xs: list[mx.array]):
+    def __init__(self, fn: FlatFn, xs: list[mx.array], policy: policies.Policy | None):
         self.fn, self.xs = fn, xs
+        self.kept = _saving.Record(policy)  # forward values the recomputation reuses
         self.diff = [i for i, x in enumerate(xs) if _validate.is_differentiable(x)]
         constants = _constants.get()
         # Positions (within diff) of the primals whose gradients are wanted.
@@ -72,12 +68,13 @@ class _Call:
         return _validate.check_outputs(self.fn(_flat.substitute(self.xs, self.diff, primals)), self.fn)
 
     def forward(self, *primals: mx.array) -> list[mx.array]:
-        out = self.run(primals)
+        with self.kept.recording():
+            out = self.run(primals)
         self.signature = _signature(out)
         return _stages.mark(out, _stages.FORWARD)
 
     def recompute(self, *primals: mx.array) -> list[mx.array]:
-        with _random.drawing_from(self.replay_key):
+        with _random.drawing_from(self.replay_key), self.kept.replaying():
             out = self.run(primals)
         if _signature(out) != self.signature:
             raise ValueError(
@@ -102,11 +99,11 @@ class _Call:
 
         # Only the wanted gradients are computed (a constant's is never used).
         grads = mx.vjp(recompute_wanted, [primals[k] for k in self.wanted], list(cotangents))[1]
-        grads = _stages.mark(_chain(list(grads)), _stages.BACKWARD)  # nv.eval waits here
+        grads = _stages.mark(_stages.chained(grads), _stages.BACKWARD)  # nv.eval waits here
         return _flat.substitute([mx.zeros_like(p) for p in primals], self.wanted, grads)
 
 
-def checkpoint_flat(fn: FlatFn) -> Callable[[Sequence[mx.array]], list[mx.array]]:
+def checkpoint_flat(fn: FlatFn, policy: policies.Policy | None = None) -> Callable[[Sequence[mx.array]], list[mx.array]]:
     """Checkpoint a flat function: same values and gradients, less memory.
 
     The forward pass keeps only the inputs of ``fn``; its activations are
@@ -117,6 +114,9 @@ def checkpoint_flat(fn: FlatFn) -> Callable[[Sequence[mx.array]], list[mx.array]
     Args:
         fn: ``list[mx.array] -> list[mx.array]``, a pure function of its inputs
             (arrays it captures by closure are constants to it).
+        policy: which forward values to keep rather than recompute
+            (:mod:`nuvec_mlx.policies`); ``None`` keeps none. A flat function
+            offers only the values it names with :func:`nuvec_mlx.checkpoint_name`.
 
     Returns:
         A flat function with the values and gradients of ``fn``.
@@ -126,10 +126,13 @@ def checkpoint_flat(fn: FlatFn) -> Callable[[Sequence[mx.array]], list[mx.array]
         >>> h = block([x, w])[0]
     """
     _validate.check_callable(fn, "fn")
+    policy = policies.check_policy(policy)
+    if policies.recomputes_nothing(policy):
+        return _saving.unrecomputed(fn, _constants.get)
 
     @functools.wraps(fn)
     def checkpointed(xs: Sequence[mx.array]) -> list[mx.array]:
-        call = _Call(fn, _validate.check_array_list(xs, "xs"))
+        call = _Call(fn, _validate.check_array_list(xs, "xs"), policy)
         if not call.diff:
             return call.run([])
         block = mx.custom_function(call.forward)
@@ -139,7 +142,9 @@ def checkpoint_flat(fn: FlatFn) -> Callable[[Sequence[mx.array]], list[mx.array]
     return checkpointed
 
 
-def checkpoint(fn: Callable | None = None, *, allow_captured: bool = False) -> Callable:
+def checkpoint(
+    fn: Callable | None = None, *, allow_captured: bool = False, policy: policies.Policy | None = None
+) -> Callable:
     """Checkpoint a function of pytrees: same values and gradients, less memory.
 
     Usable as ``@nv.checkpoint`` or ``@nv.checkpoint(allow_captured=True)``.
@@ -162,6 +167,10 @@ def checkpoint(fn: Callable | None = None, *, allow_captured: bool = False) -> C
         fn: the function to checkpoint (may also be an ``nn.Module``).
         allow_captured: treat captured floating arrays as constants (zero
             gradient) instead of raising.
+        policy: which forward values to keep rather than recompute
+            (:mod:`nuvec_mlx.policies`): the outputs of the ``nn.Linear`` layers
+            of the modules ``fn`` captures, values named with
+            :func:`nuvec_mlx.checkpoint_name`; ``None`` keeps none.
 
     Returns:
         A function with the signature, values and gradients of ``fn``.
@@ -173,8 +182,9 @@ def checkpoint(fn: Callable | None = None, *, allow_captured: bool = False) -> C
         >>> out = block(x, {"w": w})["h"]
     """
     _validate.check_bool(allow_captured, "allow_captured")
+    policy = policies.check_policy(policy)
     if fn is None:
-        return functools.partial(checkpoint, allow_captured=allow_captured)
+        return functools.partial(checkpoint, allow_captured=allow_captured, policy=policy)
     _validate.check_callable(fn, "fn")
     modules, arrays = _capture.captured(fn)
     if arrays and not allow_captured:
@@ -185,8 +195,10 @@ def checkpoint(fn: Callable | None = None, *, allow_captured: bool = False) -> C
             "them as constants"
         )
 
+    body = policies.offering_layers(fn, modules, policy)
+
     @functools.wraps(fn)
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
-        return _pytree.call_flat(checkpoint_flat, fn, args, kwargs, modules)
+        return _pytree.call_flat(functools.partial(checkpoint_flat, policy=policy), body, args, kwargs, modules)
 
     return checkpointed
