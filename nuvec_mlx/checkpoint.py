@@ -63,6 +63,7 @@ class _Call:
         self.key = _random.key()  # the forward's draws, replayed by the recomputation
         self.replay_key = self.key
         self.signature: list = []
+        self.empty = False  # fn returned no arrays: the custom function returns a stand-in
 
     def run(self, primals: Sequence[mx.array]) -> list[mx.array]:
         return _validate.check_outputs(self.fn(_flat.substitute(self.xs, self.diff, primals)), self.fn)
@@ -71,6 +72,9 @@ class _Call:
         with self.kept.recording():
             out = self.run(primals)
         self.signature = _signature(out)
+        if not out:  # mx.custom_function needs an output; nothing depends on this one
+            self.empty = True
+            return [mx.zeros(())]
         return _stages.mark(out, _stages.FORWARD)
 
     def recompute(self, *primals: mx.array) -> list[mx.array]:
@@ -137,7 +141,8 @@ def checkpoint_flat(fn: FlatFn, policy: policies.Policy | None = None) -> Callab
             return call.run([])
         block = mx.custom_function(call.forward)
         block.vjp(call.backward)
-        return list(block(*(call.xs[i] for i in call.diff)))
+        out = list(block(*(call.xs[i] for i in call.diff)))
+        return [] if call.empty else out
 
     return checkpointed
 

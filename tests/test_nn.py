@@ -6,7 +6,7 @@ from mlx.utils import tree_flatten
 
 import nuvec_mlx as nv
 from tests.helpers import assert_close
-from mlx_lm.models import llama, qwen2, gemma
+from mlx_lm.models import gemma, gemma4_text, llama, qwen2
 
 CFG = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
            num_attention_heads=4, num_key_value_heads=4, rms_norm_eps=1e-5, vocab_size=128)
@@ -46,6 +46,23 @@ def test_gradients_equal(arch):
     assert all(type(layer) is not original and isinstance(layer, original) for layer in m.layers)
     assert nv.checkpoint_layers(m, enable=False) == 2
     assert all(type(layer) is original and not nv.is_checkpointed(layer) for layer in m.layers)
+
+
+def test_layers_returning_arrays_and_python_values_give_plain_gradients():
+    # gemma4_text's layers return (h, shared_kv, offset): the KV-shared layers
+    # read an earlier layer's keys and values, offset is the int 0.
+    mx.random.seed(0)
+    m = gemma4_text.Model(gemma4_text.ModelArgs(
+        hidden_size=32, num_hidden_layers=4, intermediate_size=64, num_attention_heads=2,
+        head_dim=8, global_head_dim=16, vocab_size=64, vocab_size_per_layer_input=64,
+        num_key_value_heads=1, num_kv_shared_layers=2, hidden_size_per_layer_input=8,
+        sliding_window=16, sliding_window_pattern=2))
+    mx.eval(m.parameters())
+    assert m.model.previous_kvs == [0, 1, 0, 1]
+    x = mx.random.randint(0, 64, (2, 12))
+    g0 = grads(m, x)
+    assert nv.checkpoint_layers(m) == 4
+    assert_close(grads(m, x), g0, 1e-5)
 
 
 def test_instance_level_and_every():
