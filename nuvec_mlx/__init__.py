@@ -10,6 +10,7 @@ from . import memory, policies
 from .checkpoint import checkpoint, checkpoint_flat
 from .compile import Compiled, CompiledFlat, compile, compile_flat
 from .evaluate import eval
+from .plan import Plan, plan
 from .policies import checkpoint_name
 from .grad import grad_flat, value_and_grad, value_and_grad_flat
 from .nn import checkpoint_layers, checkpoint_module, checkpoint_sequential, is_checkpointed
@@ -19,6 +20,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Compiled",
     "CompiledFlat",
+    "Plan",
     "checkpoint",
     "checkpoint_flat",
     "checkpoint_layers",
@@ -31,6 +33,7 @@ __all__ = [
     "grad_flat",
     "is_checkpointed",
     "memory",
+    "plan",
     "policies",
     "value_and_grad",
     "value_and_grad_flat",

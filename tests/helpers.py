@@ -37,3 +37,15 @@ def assert_evaluated(before: int, nbytes: int) -> None:
     mx.synchronize()
     grown = mx.get_active_memory() - before
     assert grown >= nbytes - 4096, f"active memory grew by {grown} bytes, expected >= {nbytes}: not evaluated"
+
+
+def tiny_llama(layers: int = 4, hidden: int = 64, vocab: int = 256, seed: int = 0):
+    """A random-weight mlx-lm Llama (4 heads, 2 of them key/value), evaluated."""
+    from mlx_lm.models import llama
+
+    mx.random.seed(seed)
+    model = llama.Model(llama.ModelArgs(
+        model_type="llama", hidden_size=hidden, num_hidden_layers=layers, intermediate_size=2 * hidden,
+        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=vocab))
+    mx.eval(model.parameters())
+    return model
