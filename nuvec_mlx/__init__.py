@@ -10,6 +10,7 @@ from . import memory, policies
 from .checkpoint import checkpoint, checkpoint_flat
 from .compile import Compiled, CompiledFlat, compile, compile_flat
 from .evaluate import eval
+from .fit import Fit, largest_fit
 from .plan import Plan, plan
 from .policies import checkpoint_name
 from .grad import grad_flat, value_and_grad, value_and_grad_flat
@@ -20,6 +21,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Compiled",
     "CompiledFlat",
+    "Fit",
     "Plan",
     "checkpoint",
     "checkpoint_flat",
@@ -32,6 +34,7 @@ __all__ = [
     "eval",
     "grad_flat",
     "is_checkpointed",
+    "largest_fit",
     "memory",
     "plan",
     "policies",
