@@ -13,6 +13,7 @@ from .evaluate import eval
 from .fit import Fit, largest_fit
 from .plan import Plan, plan
 from .policies import checkpoint_name
+from .saved import SavedActivations, saved_activations
 from .grad import grad_flat, value_and_grad, value_and_grad_flat
 from .nn import checkpoint_layers, checkpoint_module, checkpoint_sequential, is_checkpointed
 
@@ -23,6 +24,7 @@ __all__ = [
     "CompiledFlat",
     "Fit",
     "Plan",
+    "SavedActivations",
     "checkpoint",
     "checkpoint_flat",
     "checkpoint_layers",
@@ -38,6 +40,7 @@ __all__ = [
     "memory",
     "plan",
     "policies",
+    "saved_activations",
     "value_and_grad",
     "value_and_grad_flat",
 ]
