@@ -49,3 +49,28 @@ def tiny_llama(layers: int = 4, hidden: int = 64, vocab: int = 256, seed: int = 
         num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=vocab))
     mx.eval(model.parameters())
     return model
+
+
+def tiny_model_folder(path, layers: int = 4, hidden: int = 64, vocab: int = 256):
+    """An mlx-lm model folder (config.json, model.safetensors, a word-level tokenizer) with random
+    weights, as ``mlx_lm.utils.load`` reads it: no download."""
+    import json
+    from pathlib import Path
+
+    from mlx.utils import tree_flatten
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model = tiny_llama(layers, hidden, vocab)
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    config = dict(model_type="llama", hidden_size=hidden, num_hidden_layers=layers, intermediate_size=2 * hidden,
+                  num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=vocab)
+    (path / "config.json").write_text(json.dumps(config))
+    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab - 1)} | {"<unk>": vocab - 1},
+                                           unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>", "eos_token": "<unk>"}))
+    return path
