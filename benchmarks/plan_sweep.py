@@ -34,6 +34,8 @@ from nuvec_mlx_bench.workload import Workload
 
 MiB = 1 << 20
 MODELS = ("mlp", "transformer", "llama")
+#: The fixed rules a plan's time is set against (the fastest of those within its budget).
+RULES = ("every block", "every 2nd", "sqrt(n) segments")
 #: The shapes: ``small`` for a CPU (minutes), ``full`` for a GPU.
 SUITES = {
     "small": {"mlp": dict(batch=256, dim=128, blocks=8), "transformer": dict(batch=2, dim=128, blocks=8, seq=256),
@@ -99,7 +101,7 @@ def setup(blocks: list[nn.Module], rule: Any) -> Callable[[nn.Module], None]:
     if rule == "sqrt(n) segments":
         size = math.ceil(len(blocks) / math.ceil(math.sqrt(len(blocks))))
         layers = [Segment(blocks[i:i + size]) for i in range(0, len(blocks), size)]
-    rules = {"every block": ["save_nothing"] * len(blocks),
+    rules = {"every block": ["save_nothing"] * len(blocks), "every block, save_matmuls": ["save_matmuls"] * len(blocks),
              "every 2nd": ["save_nothing" if i % 2 == 0 else "plain" for i in range(len(blocks))],
              "sqrt(n) segments": ["plain"] * len(blocks), "none": ["plain"] * len(blocks)}
     modes = rule if isinstance(rule, list) else rules[rule]
@@ -139,7 +141,7 @@ def sweep(name: str, shape: dict, budgets: int, repeats: int) -> list[dict]:
     plans = [first.replan(int(first.smallest + k * (first.unchecked - first.smallest) / (budgets - 1)))
              for k in range(budgets)]
     rules: dict[str, Any] = {f"plan for {p.budget / MiB:.1f} MiB": p.modes for p in plans}
-    rules |= {r: r for r in ("every block", "every 2nd", "sqrt(n) segments", "none")}
+    rules |= {r: r for r in (*RULES, "every block, save_matmuls", "none")}
     gc.collect()
     mx.synchronize()
     start = mx.get_active_memory()
@@ -157,9 +159,12 @@ def sweep(name: str, shape: dict, budgets: int, repeats: int) -> list[dict]:
                 "predicted": plan.predicted, "smallest": plan.smallest, "unchecked": plan.unchecked,
                 "modes": plan.modes, "corrections": len(plan.corrections)} if plan else {}),
         })
+    none = next(r for r in rows if r["case"] == "none")
     for row in rows:
+        row["peak_vs_none"] = row["peak"]["median"] / none["peak"]["median"]
+        row["time_vs_none"] = row["time"]["median"] / none["time"]["median"]
         if "budget" in row:
-            fitting = [r for r in rows if "budget" not in r and r["peak"]["max"] <= row["budget"]]
+            fitting = [r for r in rows if r["case"] in RULES and r["peak"]["max"] <= row["budget"]]
             best = min(fitting, key=lambda r: r["time"]["median"], default=None)
             row["best_rule"] = best and best["case"]
             row["time_vs_best_rule"] = best and row["time"]["median"] / best["time"]["median"]
@@ -186,8 +191,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def lines(rows: list[dict]) -> list[str]:
     """The results table, Markdown."""
     out = ["| model | case | budget MiB | planner's measured / predicted MiB | ratio | fits | peak MiB, median "
-           "(min–max) | step ms | fastest rule within the budget | time vs it | modes |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "(min–max) | vs none | step ms | vs none | fastest of every block, every 2nd, sqrt(n) within the budget "
+           "| time vs it | modes |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         p, t = r["peak"], r["time"]
         planned = (f"{r['planned_measured'] / MiB:.2f} / {r['predicted'] / MiB:.2f} | "
@@ -198,7 +204,7 @@ def lines(rows: list[dict]) -> list[str]:
         budget = f"{r['budget'] / MiB:.2f}" if "budget" in r else ""
         out.append(f"| {r['model']} | {r['case']} | {budget} | "
                    f"{planned} | {p['median'] / MiB:.2f} ({p['min'] / MiB:.2f}–{p['max'] / MiB:.2f}) | "
-                   f"{t['median'] * 1e3:.0f} | {rule} | {modes} |")
+                   f"{r['peak_vs_none']:.2f} | {t['median'] * 1e3:.0f} | {r['time_vs_none']:.2f} | {rule} | {modes} |")
     return out
 
 

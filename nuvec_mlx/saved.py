@@ -139,8 +139,9 @@ def _mib(nbytes: int | None) -> str:
 
 
 def _rows(arrays: Sequence[Saved]) -> list[str]:
+    """One line per array, the largest buffers first."""
     out = []
-    for a in arrays:
+    for a in sorted(arrays, key=lambda a: (a.shared, -a.nbytes)):
         made = a.made_by + (f" (view of {a.view_of})" if a.view_of else "")
         note = ", shares a buffer above" if a.shared else ""
         out.append(f"    {str(a.shape):<22} {a.dtype:<9} {a.nbytes / 1024:>10.1f} KiB  {made}{note}")

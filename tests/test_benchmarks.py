@@ -525,7 +525,7 @@ def test_the_modules_compute_the_workloads_loss_and_weight_gradients(model):
     assert_close(ours, flat[: len(ours)], 1e-5)
 
 
-@pytest.mark.parametrize("rule", ["every block", "every 2nd", "sqrt(n) segments", "none"])
+@pytest.mark.parametrize("rule", ["every block", "every 2nd", "sqrt(n) segments", "every block, save_matmuls", "none"])
 def test_every_fixed_rule_of_the_plan_sweep_computes_the_same_step(rule, compiled):
     from nuvec_mlx_bench import modules, plan_sweep
 
@@ -537,7 +537,7 @@ def test_every_fixed_rule_of_the_plan_sweep_computes_the_same_step(rule, compile
     finish(value)
     assert_close(value, reference, 1e-6)
     checkpointed = [b for b in model.layers if nv.is_checkpointed(b)]
-    assert len(checkpointed) == {"every block": 5, "every 2nd": 3, "sqrt(n) segments": 3, "none": 0}[rule]
+    assert len(checkpointed) == {"every block": 5, "every 2nd": 3, "sqrt(n) segments": 3, "none": 0}.get(rule, 5)
     plan_sweep.setup(blocks, "none")(model)
     assert model.layers == blocks and not any(nv.is_checkpointed(b) for b in blocks)
 
