@@ -1,60 +1,114 @@
-"""What a function reaches besides its arguments: modules and arrays it captures.
+"""The modules a function reaches besides its arguments.
 
-A checkpoint recomputes ``fn`` from its primals, so state that ``fn`` reads
-from elsewhere is a constant to it. For an ``nn.Module`` that is wrong (its
-parameters need gradients), so such modules are found here and their trainable
-parameters made primals; a floating ``mx.array`` captured the same way would
-silently get a zero gradient, so it is reported.
+A checkpoint recomputes ``fn`` from its inputs. Modules that ``fn`` uses
+without receiving them (a closure over a model, a bound method's ``self``)
+should be recomputed from the checkpoint's inputs too, or their parameters'
+derivatives flow through the forward's graph, which then stays alive until
+the backward pass (correct, but no memory saved). So the modules ``fn``
+reaches are found here, and their arrays made inputs of the checkpoint.
 
-Looked at: ``fn`` itself when it is a module, a bound method's ``self``, the
-function of a ``functools.partial``, and the closure cells and referenced
-globals of ``fn``'s own code. Not looked at: functions ``fn`` calls, and
-attributes of other objects.
+Followed, from ``fn``: ``fn`` itself (a module, or a callable object's
+``__call__``), a bound method's ``self`` and function, a
+``functools.partial``'s function, arguments and keywords; a function's
+closure cells, default values (positional and keyword-only) and the globals
+its code loads (also in the lambdas and comprehensions it defines); and, from
+every object reached so, the items of lists, tuples, dicts and sets, the
+attributes of plain objects (``__dict__`` and ``__slots__``) and the Python
+attributes of modules, and the functions found (helper functions, followed
+as ``fn`` is). Not followed: Python modules, classes and the methods on them,
+builtins, objects of C types, arrays; and no more than :data:`LIMIT` objects.
 """
 
 from __future__ import annotations
 
+import dis
 import functools
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import _validate
+#: The most objects one search visits.
+LIMIT = 10_000
+
+_OPAQUE = (
+    types.ModuleType, type, types.BuiltinFunctionType, types.BuiltinMethodType,
+    str, bytes, int, float, complex, bool, type(None), range, mx.array,
+)
 
 
-def _reachable(fn: Callable) -> list[tuple[str, Any]]:
-    """(where, value) for every object ``fn`` reaches directly."""
-    found: list[tuple[str, Any]] = []
-    if isinstance(fn, nn.Module):
-        found.append(("fn", fn))
-    target = fn.func if isinstance(fn, functools.partial) else fn
-    owner = getattr(target, "__self__", None)
-    if owner is not None:
-        found.append(("self", owner))
-        target = getattr(target, "__func__", target)
-    code = getattr(target, "__code__", None)
-    if code is None:
-        return found
-    for name, cell in zip(code.co_freevars, getattr(target, "__closure__", None) or ()):
+_LOADS_GLOBAL = ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS")
+
+
+@functools.lru_cache(maxsize=4096)
+def _global_names(code: types.CodeType) -> tuple[str, ...]:
+    """The global names a code object and the code objects nested in it load.
+
+    Only names loaded as globals: ``co_names`` also holds attribute names,
+    and a global that happens to share one (``model`` and ``self.model``) is
+    not reached.
+    """
+    names = [i.argval for i in dis.get_instructions(code) if i.opname in _LOADS_GLOBAL]
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names.extend(_global_names(const))
+    return tuple(dict.fromkeys(names))
+
+
+def _function_parts(fn: types.FunctionType) -> Iterator[Any]:
+    for cell in fn.__closure__ or ():
         try:
-            found.append((f"closure variable {name!r}", cell.cell_contents))
+            yield cell.cell_contents
         except ValueError:  # an empty cell
             pass
-    scope = getattr(target, "__globals__", {})
-    found += [(f"global {name!r}", scope[name]) for name in code.co_names if name in scope]
+    yield from fn.__defaults__ or ()
+    yield from (fn.__kwdefaults__ or {}).values()
+    yield from (fn.__globals__[n] for n in _global_names(fn.__code__) if n in fn.__globals__)
+
+
+def _parts(obj: Any) -> Iterator[Any]:
+    """The objects one step from ``obj``."""
+    if isinstance(obj, types.FunctionType):
+        yield from _function_parts(obj)
+    elif isinstance(obj, types.MethodType):
+        yield from (obj.__self__, obj.__func__)
+    elif isinstance(obj, functools.partial):
+        yield from (obj.func, *obj.args, *obj.keywords.values())
+    elif isinstance(obj, nn.Module):
+        yield from vars(obj).values()  # its Python attributes; its arrays are its own
+    elif isinstance(obj, dict):
+        yield from obj.values()
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        yield from obj
+    else:
+        yield from getattr(obj, "__dict__", {}).values()
+        for slot in getattr(type(obj), "__slots__", ()):
+            if isinstance(slot, str) and hasattr(obj, slot):
+                yield getattr(obj, slot)
+
+
+def modules(fn: Callable) -> list[nn.Module]:
+    """The modules ``fn`` reaches, each once, in the order found.
+
+    Example:
+        >>> layers = [nn.Linear(2, 2)]
+        >>> modules(lambda x: layers[0](x))
+        [Linear(input_dims=2, output_dims=2, bias=True)]
+    """
+    found: list[nn.Module] = []
+    seen: set[int] = set()
+    stack: list[Any] = [fn]
+    call = getattr(type(fn), "__call__", None)
+    if isinstance(call, types.FunctionType):
+        stack.append(call)  # a callable object's (or a module's) own code
+    while stack and len(seen) < LIMIT:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, _OPAQUE):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, nn.Module):
+            found.append(obj)
+        stack.extend(reversed(list(_parts(obj))))
     return found
-
-
-def captured(fn: Callable) -> tuple[list[nn.Module], list[str]]:
-    """The modules ``fn`` captures (each once), and where it captures floating arrays."""
-    modules: list[nn.Module] = []
-    arrays: list[str] = []
-    for where, value in _reachable(fn):
-        if isinstance(value, nn.Module):
-            if not any(value is m for m in modules):
-                modules.append(value)
-        elif isinstance(value, mx.array) and _validate.is_differentiable(value):
-            arrays.append(where)
-    return modules, arrays

@@ -2,16 +2,23 @@
 
 A flat function (``list[mx.array] -> list[mx.array]``) is what nuvec's core
 transforms take. :func:`call_flat` turns ``fn(*args, **kwargs)`` into one: the
-array leaves of the arguments (:func:`mlx.utils.tree_flatten`) and the
-trainable parameters of some modules become the flat inputs, every other leaf
-is static, and the outputs are rebuilt with their structure. Modules among the
-arguments reach ``fn`` as themselves (not as dicts), and their parameters are
-flat inputs too. While ``fn`` runs, the modules hold the flat inputs in place
-of their parameters.
+array leaves of the arguments (:func:`mlx.utils.tree_flatten`) and the arrays
+of the modules involved become the flat inputs, every other leaf is static,
+and the outputs are rebuilt with their structure.
+
+Modules involved: those among the arguments (they reach ``fn`` as modules, not
+as the dicts they also are) and those ``fn`` reaches (:mod:`nuvec_mlx._capture`).
+Every array a module holds is a flat input, put in place (by position in the
+module's own nesting, so dict keys such as ``"0"`` or ``"a.b"`` stay keys)
+while ``fn`` runs; trainable parameters are differentiated, the others
+(frozen parameters, running statistics, ``_``-named arrays) are constants.
+Arrays that the first run of ``fn`` assigns to a module (a BatchNorm's running
+statistics) stay there; later runs (the recomputation in the backward pass)
+leave the modules as they found them.
 
 Output leaves that are not arrays (``None``, ints, caches, any Python object)
-pass through as the first run of ``fn`` returned them; every later run (the
-recomputation in the backward pass) must return equal ones.
+pass through as the first run of ``fn`` returned them; every later run must
+return equal ones.
 """
 
 from __future__ import annotations
@@ -22,9 +29,9 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_map, tree_unflatten
+from mlx.utils import tree_flatten, tree_map
 
-from . import _flat, _random, _validate
+from . import _capture, _constants, _flat, _random, _validate
 
 FlatTransform = Callable[[Callable[[list[mx.array]], list[mx.array]]], Callable]
 
@@ -74,17 +81,54 @@ def _equal(a: Any, b: Any) -> bool:
         return False
 
 
-def _swap_parameters(modules: list[nn.Module], values: list[list[tuple[str, mx.array]]]) -> list:
-    """Give each module the named parameters in ``values``; return what they held."""
-    held = [tree_flatten(m.trainable_parameters()) for m in modules]
-    for m, named in zip(modules, values):
-        m.update(tree_unflatten(named), strict=False)
-    return held
+def _arrays(module: nn.Module) -> dict:
+    """Every array ``module`` holds, nested as in the module (its ``_``-named ones too)."""
+    return module.filter_and_map(lambda m, k, v: isinstance(v, (dict, list, mx.array)))
 
 
-def call_flat(
-    transform: FlatTransform, fn: Callable, args: tuple, kwargs: dict, modules: list[nn.Module]
-) -> Any:
+def _outermost(modules: list[nn.Module]) -> list[nn.Module]:
+    """``modules`` once each, without those inside another of them (their arrays are its)."""
+    distinct: list[nn.Module] = []
+    for m in modules:
+        if not any(m is d for d in distinct):
+            distinct.append(m)
+    inner = {id(sub) for m in distinct for sub in m.modules() if sub is not m}
+    return [m for m in distinct if id(m) not in inner]
+
+
+class _Holding:
+    """Modules holding given arrays while ``fn`` runs, and put back after."""
+
+    def __init__(self, modules: list[nn.Module]):
+        self.modules = modules
+        self.trees = [_arrays(m) for m in modules]
+        trainable = {id(v) for m in modules for _, v in tree_flatten(m.trainable_parameters())}
+        self.arrays = [v for t in self.trees for _, v in tree_flatten(t)]
+        self.constants = [v for v in self.arrays if id(v) not in trainable]
+
+    def run(self, values: list[mx.array], keep_updates: bool, call: Callable[[], Any]) -> Any:
+        """``call()`` with the modules holding ``values``; with ``keep_updates``, arrays it
+        assigned to the modules stay there, else the modules are left as they were."""
+        it = iter(values)
+        given = [tree_map(lambda _: next(it), t) for t in self.trees]
+        held = [_arrays(m) for m in self.modules]
+        for m, g in zip(self.modules, given):
+            m.update(g, strict=False)
+        try:
+            out = call()
+        except BaseException:
+            keep_updates = False
+            raise
+        finally:
+            for m, g, h in zip(self.modules, given, held):
+                if keep_updates:
+                    put_back = {id(v): old for (_, v), (_, old) in zip(tree_flatten(g), tree_flatten(h))}
+                    h = tree_map(lambda now: put_back.get(id(now), now), _arrays(m))
+                m.update(h, strict=False)
+        return out
+
+
+def call_flat(transform: FlatTransform, fn: Callable, args: tuple, kwargs: dict) -> Any:
     """``fn(*args, **kwargs)`` computed by ``transform(flat)(inputs)``.
 
     Args:
@@ -92,10 +136,7 @@ def call_flat(
             example :func:`nuvec_mlx.checkpoint_flat`.
         fn: the function of pytrees.
         args, kwargs: its arguments; array leaves become flat inputs, modules
-            reach ``fn`` as they are, their trainable parameters flat inputs.
-        modules: other modules (captured by ``fn``) whose trainable parameters
-            become flat inputs too (after the arguments' arrays), so that they
-            are differentiated.
+            reach ``fn`` as they are.
 
     Returns:
         ``fn``'s output, rebuilt from the flat outputs; its leaves that are not
@@ -107,22 +148,12 @@ def call_flat(
     """
     leaves = _leaves((list(args), kwargs))
     positions = [i for i, v in enumerate(leaves) if isinstance(v, mx.array)]
-    modules = _distinct([*(v for v in leaves if _is_module(v)), *modules])
-    params = [tree_flatten(m.trainable_parameters()) for m in modules]
-    sizes = [len(p) for p in params]
+    holding = _Holding(_outermost([*(v for v in leaves if _is_module(v)), *_capture.modules(fn)]))
     first: list[Any] = []  # the first run's output (its structure and non-array leaves)
 
     def flat(xs: list[mx.array]) -> list[mx.array]:
         a, kw = _rebuild((list(args), kwargs), _flat.substitute(leaves, positions, xs[: len(positions)]))
-        values, start = [], len(positions)
-        for p, n in zip(params, sizes):
-            values.append([(name, x) for (name, _), x in zip(p, xs[start : start + n])])
-            start += n
-        held = _swap_parameters(modules, values)
-        try:
-            out = fn(*a, **kw)
-        finally:
-            _swap_parameters(modules, held)
+        out = holding.run(xs[len(positions):], not first, lambda: fn(*a, **kw))
         if not first:
             first.append(out)
         elif not _equal(_skeleton(out), _skeleton(first[0])):
@@ -134,19 +165,12 @@ def call_flat(
             )
         return [v for v in _leaves(out) if isinstance(v, mx.array)]
 
-    xs = [leaves[i] for i in positions] + [v for p in params for _, v in p]
-    out = transform(flat)(xs)  # runs flat, which records the output's structure
+    flat.__name__ = flat.__qualname__ = _validate.name_of(fn)  # for messages about fn
+    xs = [leaves[i] for i in positions] + holding.arrays
+    with _constants.constant_inputs(holding.constants, add=True):
+        out = transform(flat)(xs)  # runs flat, which records the output's structure
     arrays = iter(out)
     return tree_map(lambda v: next(arrays) if isinstance(v, mx.array) else v, first[0], is_leaf=_is_module)
-
-
-def _distinct(modules: list[nn.Module]) -> list[nn.Module]:
-    """``modules`` without repeats (by identity), in order."""
-    kept: list[nn.Module] = []
-    for m in modules:
-        if not any(m is k for k in kept):
-            kept.append(m)
-    return kept
 
 
 def _visit(tree: Any, replace: Callable[[mx.array], mx.array]) -> None:

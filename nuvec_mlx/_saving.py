@@ -32,7 +32,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
-from . import _flat, _stages, _validate
+from . import _capture, _flat, _stages, _validate
 
 MATMUL, NAME = "matmul", "name"
 
@@ -198,35 +198,35 @@ def _layers_offering(modules: Sequence[nn.Module]) -> Iterator[None]:
             m.__class__ = cls
 
 
-def intercepting(fn: Callable, modules: Sequence[nn.Module]) -> Callable:
-    """``fn``, with the layers under ``modules`` offering their outputs while it runs."""
-    if not modules:
-        return fn
+def intercepting(fn: Callable) -> Callable:
+    """``fn``, with the layers of the modules it reaches offering their outputs while it runs:
+    the modules among its arguments and those :func:`nuvec_mlx._capture.modules` finds."""
+    reached = _capture.modules(fn)
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
-        with _layers_offering(modules):
+        given = [v for _, v in tree_flatten((list(args), kwargs), is_leaf=lambda v: isinstance(v, nn.Module))
+                 if isinstance(v, nn.Module)]
+        with _layers_offering([*given, *reached]):
             return fn(*args, **kwargs)
 
     return run
 
 
 def unrecomputed(fn: Callable[[list[mx.array]], Sequence[mx.array]],
-                 constants: Callable[[], Sequence[mx.array]]) -> Callable[[Sequence[mx.array]], list[mx.array]]:
+                 is_constant: Callable[[mx.array], bool]) -> Callable[[Sequence[mx.array]], list[mx.array]]:
     """A flat block that is staged like a checkpoint and recomputes nothing.
 
     Args:
         fn: the flat block.
-        constants: returns the arrays that need no gradient (the enclosing
-            gradient's constants), read at each call.
+        is_constant: whether an input needs no gradient (the enclosing
+            gradient's constants), asked at each call.
     """
 
     @functools.wraps(fn)
     def staged(xs: Sequence[mx.array]) -> list[mx.array]:
         xs = _validate.check_array_list(xs, "xs")
-        held = constants()
-        wanted = [i for i, x in enumerate(xs)
-                  if _validate.is_differentiable(x) and not any(x is c for c in held)]
+        wanted = [i for i, x in enumerate(xs) if _validate.is_differentiable(x) and not is_constant(x)]
         if wanted:
             enter = mx.custom_function(lambda *ps: list(ps))
 

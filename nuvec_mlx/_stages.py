@@ -36,6 +36,8 @@ from collections.abc import Callable, Iterator, Sequence
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from . import _depends
+
 #: Registered steps remembered per thread: older ones are evaluated unstaged.
 REMEMBERED = 16
 
@@ -67,7 +69,7 @@ def kind(stage: mx.array) -> str:
 
 def chained(arrays: Sequence[mx.array]) -> list[mx.array]:
     """Make ``arrays`` (a block's gradients) depend on one another: none is done before all are."""
-    return mx.depends(list(arrays), list(arrays)) if len(arrays) > 1 else list(arrays)
+    return _depends.depends(list(arrays), list(arrays)) if len(arrays) > 1 else list(arrays)
 
 
 def mark(arrays: Sequence[mx.array], stage_kind: str) -> list[mx.array]:
@@ -82,11 +84,11 @@ def mark(arrays: Sequence[mx.array], stage_kind: str) -> list[mx.array]:
     stages = _collector.get()
     if stages is None or not arrays:
         return list(arrays)
-    marker = mx.depends([mx.zeros((1,), dtype=_DTYPES[stage_kind])], list(arrays))[0]
+    marker = _depends.depends([mx.zeros((1,), dtype=_DTYPES[stage_kind])], list(arrays))[0]
     stages.append(marker)
     # Whatever reads the arrays from now on reads them through the marker, so
     # any evaluation of them evaluates it, right after them, and lets it go.
-    return mx.depends(list(arrays), [marker])
+    return _depends.depends(list(arrays), [marker])
 
 
 class _Entry:

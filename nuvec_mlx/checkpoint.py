@@ -4,82 +4,114 @@
 outputs, so the evaluator is free to run the recomputation long before the
 backward pass reaches the block, and under :func:`mlx.core.compile` the
 recomputation can cost more memory than it saves. Here the recomputation reads
-its inputs through :func:`mlx.core.depends` on the block's *cotangents*: it
-cannot start before the backward pass arrives, and compile's common
-subexpression elimination cannot merge it with the forward pass. The gradients
-a block returns also depend on one another (the "chain"), so that a block's
-parameter gradients are finished before the cotangent moves on to the previous
-block and its recomputed activations can be freed.
+its inputs through a dependency (:func:`nuvec_mlx._depends.depends`) on the
+block's *cotangents*: it cannot start before the backward pass arrives, and
+compile's common subexpression elimination cannot merge it with the forward
+pass. The gradients a block returns also depend on one another (the "chain"),
+so that a block's parameter gradients are finished before the cotangent moves
+on to the previous block and its recomputed activations can be freed.
+
+The checkpoint is an :func:`mlx.core.custom_function` with ``vjp`` (that
+recomputation), ``jvp`` and ``vmap`` rules, so every transform goes through
+it. Its rules differentiate its inputs only; whatever else the function reads
+is differentiated by MLX through the forward's own graph (``_also_into``), so
+that no derivative is silently lost.
 
 :func:`checkpoint_flat` is that mechanism for flat functions; :func:`checkpoint`
-puts functions of pytrees, and the modules they capture, through it.
+puts functions of pytrees, and the modules they reach, through it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
 
-from . import _capture, _flat, _pytree, _random, _saving, _stages, _validate, policies
+from . import _constants, _depends, _flat, _pytree, _random, _saving, _stages, _traced, _validate, policies
 
 FlatFn = Callable[[list[mx.array]], Sequence[mx.array]]
-
-# Arrays that the enclosing flat gradient treats as constants: a checkpoint
-# computes no gradient for them and leaves them out of the chain.
-_constants: contextvars.ContextVar[tuple[mx.array, ...]] = contextvars.ContextVar(
-    "nuvec_mlx_constants", default=()
-)
-
-
-@contextlib.contextmanager
-def constant_inputs(arrays: Sequence[mx.array]) -> Iterator[None]:
-    """Tell checkpoints traced inside this context that ``arrays`` need no gradient."""
-    token = _constants.set(tuple(arrays))
-    try:
-        yield
-    finally:
-        _constants.reset(token)
 
 
 def _signature(arrays: Sequence[mx.array]) -> list[tuple[tuple[int, ...], mx.Dtype]]:
     return [(tuple(a.shape), a.dtype) for a in arrays]
 
 
-class _Call:
-    """One call of a checkpointed ``fn``: its inputs, and the rules ``mx.custom_function`` runs."""
+@mx.custom_function
+def _also_into(outputs: list[mx.array], graph: list[mx.array]) -> list[mx.array]:
+    """``outputs``, whose cotangents also flow into ``graph``: the same values as fn's forward computed them.
 
-    def __init__(self, fn: FlatFn, xs: list[mx.array], policy: policies.Policy | None):
-        self.fn, self.xs = fn, xs
+    A checkpoint's rule differentiates fn with respect to its inputs only; an
+    array fn read from anywhere else (a closure, a global, an attribute) that
+    a transform differentiates would get nothing through it. The forward runs
+    fn on stopped inputs, so its graph holds a derivative for exactly those
+    arrays: passing the cotangents into it too adds their derivatives, by
+    MLX's own rules, and nothing else. Where fn reads no such array, nothing
+    in that graph needs a derivative and MLX's transforms skip it; where it
+    does, that part of the forward's graph is kept for the backward pass, as
+    without the checkpoint.
+    """
+    return list(outputs)
+
+
+@_also_into.vjp
+def _also_into_vjp(primals, cotangents, outputs):
+    return list(cotangents), list(cotangents)
+
+
+@_also_into.jvp
+def _also_into_jvp(primals, tangents):
+    outputs, _ = primals
+    return [
+        sum((t for t in pair if t is not None), mx.zeros_like(x))
+        for x, pair in zip(outputs, zip(*tangents))
+    ]
+
+
+@_also_into.vmap
+def _also_into_vmap(args, axes):
+    return list(args[0]), list(axes[0])
+
+
+class _Call:
+    """One call of a checkpointed ``fn``: its inputs, and the rules ``mx.custom_function`` runs.
+
+    The custom function takes every input (integer ones too, so that its
+    ``vmap`` rule sees them batched); gradients are computed for the floating
+    ones that are not declared constant (:mod:`nuvec_mlx._constants`).
+    """
+
+    def __init__(self, fn: FlatFn, xs: list[mx.array], allow_captured: bool, policy: policies.Policy | None):
+        self.fn, self.xs, self.allow_captured = fn, xs, allow_captured
         self.kept = _saving.Record(policy)  # forward values the recomputation reuses
         self.diff = [i for i, x in enumerate(xs) if _validate.is_differentiable(x)]
-        constants = _constants.get()
-        # Positions (within diff) of the primals whose gradients are wanted.
-        self.wanted = [k for k, i in enumerate(self.diff) if not any(xs[i] is c for c in constants)]
+        # The inputs whose gradients are wanted.
+        self.wanted = [i for i in self.diff if not _constants.is_constant(xs[i])]
         self.key = _random.key()  # the forward's draws, replayed by the recomputation
         self.replay_key = self.key
         self.signature: list = []
         self.empty = False  # fn returned no arrays: the custom function returns a stand-in
+        self.graph: list[mx.array] = []  # the forward's outputs, as fn computed them
 
-    def run(self, primals: Sequence[mx.array]) -> list[mx.array]:
-        return _validate.check_outputs(self.fn(_flat.substitute(self.xs, self.diff, primals)), self.fn)
+    def run(self, xs: Sequence[mx.array]) -> list[mx.array]:
+        return _validate.check_outputs(self.fn(list(xs)), self.fn)
 
-    def forward(self, *primals: mx.array) -> list[mx.array]:
+    def forward(self, xs: list[mx.array]) -> list[mx.array]:
+        # On stopped inputs: what the forward's own graph differentiates is
+        # only what fn read from elsewhere (see _also_into).
         with self.kept.recording():
-            out = self.run(primals)
+            out = self.run([mx.stop_gradient(x) for x in xs])
         self.signature = _signature(out)
         if not out:  # mx.custom_function needs an output; nothing depends on this one
             self.empty = True
             return [mx.zeros(())]
-        return _stages.mark(out, _stages.FORWARD)
+        self.graph = _stages.mark(out, _stages.FORWARD)
+        return self.graph
 
-    def recompute(self, *primals: mx.array) -> list[mx.array]:
+    def recompute(self, xs: Sequence[mx.array]) -> list[mx.array]:
         with _random.drawing_from(self.replay_key), self.kept.replaying():
-            out = self.run(primals)
+            out = self.run(xs)
         if _signature(out) != self.signature:
             raise ValueError(
                 f"checkpoint_flat: fn ({_validate.name_of(self.fn)}) returned outputs "
@@ -89,35 +121,56 @@ class _Call:
             )
         return out
 
-    def backward(self, primals: Any, cotangents: Sequence[mx.array], outputs: Any) -> list[mx.array]:
-        primals = [primals] if isinstance(primals, mx.array) else list(primals)
+    def backward(self, primals: list[mx.array], cotangents: Sequence[mx.array], outputs: Any) -> list[mx.array]:
+        zeros = [mx.zeros_like(p) for p in primals]
         if not self.wanted:  # every input a constant: nothing to recompute
-            return [mx.zeros_like(p) for p in primals]
+            return zeros
         # Read through the cotangents: the recomputation, its random draws
         # included, waits for the backward pass to reach this block.
-        primals = mx.depends(primals, list(cotangents))
-        self.replay_key = mx.depends([self.key], list(cotangents))[0]
+        primals = _depends.depends(primals, list(cotangents))
+        self.replay_key = _depends.depends([self.key], list(cotangents))[0]
 
         def recompute_wanted(*wanted: mx.array) -> list[mx.array]:
-            return self.recompute(*_flat.substitute(primals, self.wanted, wanted))
+            return self.recompute(_flat.substitute(primals, self.wanted, wanted))
 
         # Only the wanted gradients are computed (a constant's is never used).
-        grads = mx.vjp(recompute_wanted, [primals[k] for k in self.wanted], list(cotangents))[1]
+        grads = mx.vjp(recompute_wanted, [primals[i] for i in self.wanted], list(cotangents))[1]
         grads = _stages.mark(_stages.chained(grads), _stages.BACKWARD)  # nv.eval waits here
-        return _flat.substitute([mx.zeros_like(p) for p in primals], self.wanted, grads)
+        return _flat.substitute(zeros, self.wanted, grads)
+
+    def jvp(self, primals: list[mx.array], tangents: list[mx.array | None]) -> list[mx.array]:
+        """Forward mode needs no checkpoint: the tangents of ``fn``, with the forward's draws."""
+        tangents = [mx.zeros_like(p) if t is None else t for p, t in zip(primals, tangents)]
+        with _random.drawing_from(self.key):
+            return mx.jvp(lambda *xs: self.run(xs), primals, tangents)[1]
+
+    def vmap(self, xs: list[mx.array], axes: list[int | None]) -> tuple[list[mx.array], list[int]]:
+        """The batched function, checkpointed in turn, with the forward's draws."""
+        batched = lambda xs: mx.vmap(lambda *xs: self.run(xs), in_axes=tuple(axes))(*xs)
+        with _random.drawing_from(self.key):
+            out = checkpoint_flat(batched, allow_captured=self.allow_captured, policy=self.kept.policy)(xs)
+        return out, [0] * len(out)
 
 
-def checkpoint_flat(fn: FlatFn, policy: policies.Policy | None = None) -> Callable[[Sequence[mx.array]], list[mx.array]]:
+def checkpoint_flat(
+    fn: FlatFn, *, allow_captured: bool = False, policy: policies.Policy | None = None
+) -> Callable[[Sequence[mx.array]], list[mx.array]]:
     """Checkpoint a flat function: same values and gradients, less memory.
 
     The forward pass keeps only the inputs of ``fn``; its activations are
     recomputed in the backward pass, when the cotangents of its outputs exist.
     Integer and bool inputs are passed through undifferentiated. Random draws
-    (``mx.random``) are repeated identically on recomputation.
+    (``mx.random``) are repeated identically on recomputation. ``mx.vmap``
+    and ``mx.jvp`` go through it (also of its gradient: per-example gradients,
+    Hessian-vector products). Arrays ``fn`` reads besides its inputs (by
+    closure, say) are differentiated too, exactly, through the forward's
+    graph, which then stays alive until the backward pass: pass them as
+    inputs to have them recomputed.
 
     Args:
-        fn: ``list[mx.array] -> list[mx.array]``, a pure function of its inputs
-            (arrays it captures by closure are constants to it).
+        fn: ``list[mx.array] -> list[mx.array]``.
+        allow_captured: make arrays ``fn`` reads besides its inputs constants
+            (zero derivative) instead.
         policy: which forward values to keep rather than recompute
             (:mod:`nuvec_mlx.policies`); ``None`` keeps none. A flat function
             offers only the values it names with :func:`nuvec_mlx.checkpoint_name`.
@@ -125,24 +178,42 @@ def checkpoint_flat(fn: FlatFn, policy: policies.Policy | None = None) -> Callab
     Returns:
         A flat function with the values and gradients of ``fn``.
 
+    Raises:
+        ValueError: called inside ``mx.compile(..., shapeless=True)``, which
+            cannot infer the output shapes of the custom functions a
+            checkpoint is made of.
+
     Example:
         >>> block = nv.checkpoint_flat(lambda xs: [mx.tanh(xs[0] @ xs[1])])
         >>> h = block([x, w])[0]
     """
     _validate.check_callable(fn, "fn")
+    _validate.check_bool(allow_captured, "allow_captured")
     policy = policies.check_policy(policy)
     if policies.recomputes_nothing(policy):
-        return _saving.unrecomputed(fn, _constants.get)
+        return _saving.unrecomputed(fn, _constants.is_constant)
 
     @functools.wraps(fn)
     def checkpointed(xs: Sequence[mx.array]) -> list[mx.array]:
-        call = _Call(fn, _validate.check_array_list(xs, "xs"), policy)
+        call = _Call(fn, _validate.check_array_list(xs, "xs"), allow_captured, policy)
         if not call.diff:
-            return call.run([])
+            return call.run(call.xs)
+        if _traced.in_shapeless_trace():
+            raise ValueError(
+                f"checkpoint: fn ({_validate.name_of(fn)}) is checkpointed inside "
+                f"mx.compile(..., shapeless=True), which MLX {mx.__version__} cannot do: "
+                "the custom functions a checkpoint is made of cannot infer their output "
+                "shapes for new input shapes. Compile with shapeless=False (one trace per "
+                "input shape)"
+            )
         block = mx.custom_function(call.forward)
         block.vjp(call.backward)
-        out = list(block(*(call.xs[i] for i in call.diff)))
-        return [] if call.empty else out
+        block.jvp(call.jvp)
+        block.vmap(call.vmap)
+        out = list(block(call.xs))
+        if call.empty:
+            return []
+        return out if allow_captured else _also_into(out, call.graph)
 
     return checkpointed
 
@@ -153,29 +224,34 @@ def checkpoint(
     """Checkpoint a function of pytrees: same values and gradients, less memory.
 
     Usable as ``@nv.checkpoint`` or ``@nv.checkpoint(allow_captured=True)``.
-    Positional and keyword arguments may be arrays or nested lists, tuples and
-    dicts of arrays; non-array leaves are static. Integer and bool arrays are
-    not differentiated. Random draws repeat identically on recomputation,
-    eagerly and under compile (with ``mx.random.state`` as compile state).
+    Positional and keyword arguments may be arrays, modules, or nested lists,
+    tuples and dicts of them; other leaves are static. Integer and bool arrays
+    are not differentiated. Outputs may hold leaves that are not arrays
+    (``None``, ints, caches): they pass through, and must be equal (``==``)
+    when ``fn`` is recomputed. Random draws repeat identically on
+    recomputation, eagerly and under compile (with ``mx.random.state`` as
+    compile state).
 
-    Captured state: ``nn.Module`` objects that ``fn`` reaches directly (``fn``
-    itself, a bound method's ``self``, a closure cell, or a global name the
-    code of ``fn`` references) contribute their *trainable* parameters as
-    primals, so their gradients are correct; frozen parameters are constants.
-    Floating ``mx.array`` values captured the same way raise ``ValueError``
-    (their gradients would silently be zero): pass them as arguments, or pass
-    ``allow_captured=True`` to treat them as constants knowingly. Only
-    ``fn``'s own closure and globals are inspected, not those of functions it
-    calls nor attributes of other objects.
+    Modules: those among the arguments, and those ``fn`` reaches (itself, a
+    bound method's ``self``, closure cells, defaults, ``functools.partial``
+    arguments, globals, containers and attributes of objects reached so, and
+    helper functions' closures and globals: :mod:`nuvec_mlx._capture` lists
+    the routes) hold the checkpoint's inputs while ``fn`` runs: their
+    trainable parameters are differentiated, their other arrays (frozen
+    parameters, running statistics) are constants, and arrays the forward
+    assigns to them (BatchNorm's running statistics) stay, as without the
+    checkpoint. Anything else ``fn`` reads (an array by any route, a module by
+    a route not searched) is differentiated exactly through the forward's
+    graph, which then stays alive until the backward pass.
 
     Args:
         fn: the function to checkpoint (may also be an ``nn.Module``).
-        allow_captured: treat captured floating arrays as constants (zero
-            gradient) instead of raising.
+        allow_captured: make arrays ``fn`` reads besides its arguments and
+            those modules constants (zero derivative) instead.
         policy: which forward values to keep rather than recompute
             (:mod:`nuvec_mlx.policies`): the outputs of the ``nn.Linear`` layers
-            of the modules ``fn`` captures, values named with
-            :func:`nuvec_mlx.checkpoint_name`; ``None`` keeps none.
+            of those modules, values named with :func:`nuvec_mlx.checkpoint_name`;
+            ``None`` keeps none.
 
     Returns:
         A function with the signature, values and gradients of ``fn``.
@@ -191,19 +267,11 @@ def checkpoint(
     if fn is None:
         return functools.partial(checkpoint, allow_captured=allow_captured, policy=policy)
     _validate.check_callable(fn, "fn")
-    modules, arrays = _capture.captured(fn)
-    if arrays and not allow_captured:
-        raise ValueError(
-            f"checkpoint: fn ({_validate.name_of(fn)}) captures floating-point "
-            f"mx.array values ({', '.join(arrays)}); their gradients would silently "
-            "be zero. Pass them as arguments, or use allow_captured=True to treat "
-            "them as constants"
-        )
-
-    body = policies.offering_layers(fn, modules, policy)
+    transform = functools.partial(checkpoint_flat, allow_captured=allow_captured, policy=policy)
+    body = policies.offering_layers(fn, policy)
 
     @functools.wraps(fn)
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
-        return _pytree.call_flat(functools.partial(checkpoint_flat, policy=policy), body, args, kwargs, modules)
+        return _pytree.call_flat(transform, body, args, kwargs)
 
     return checkpointed

@@ -8,7 +8,7 @@ the backward pass is built and register them with the gradients, so that
 eagerly); inside a compiled step they hand them to the step instead.
 
 Inputs that ``argnums`` does not name are constants, and checkpoints inside the
-loss are told so (:func:`nuvec_mlx.checkpoint.constant_inputs`): they compute
+loss are told so (:mod:`nuvec_mlx._constants`): they compute
 no gradient for them, which keeps an input-only step at its FLOP floor.
 """
 
@@ -23,8 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from . import _flat, _stages, _validate
-from .checkpoint import constant_inputs
+from . import _constants, _flat, _stages, _validate
 
 LossFn = Callable[[list[mx.array]], mx.array]
 
@@ -63,7 +62,7 @@ def value_and_grad_flat(
 
         def selected_loss(*selected: mx.array) -> mx.array:
             full = _flat.substitute(xs, idx, selected)
-            with constant_inputs([x for j, x in enumerate(full) if j not in idx]):
+            with _constants.constant_inputs([x for j, x in enumerate(full) if j not in idx]):
                 return _validate.check_scalar(loss(full), loss)
 
         vg = mx.value_and_grad(selected_loss, argnums=list(range(len(idx))))

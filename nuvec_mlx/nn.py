@@ -2,7 +2,11 @@
 
 ``checkpoint_module`` works per instance: it swaps the instance's class for a
 cached subclass whose ``__call__`` runs checkpointed (``type(m).__call__`` of
-other instances is untouched), and swapping back undoes it.
+other instances is untouched), and swapping back undoes it. The subclass
+pickles by reference to the original class, so a checkpointed model pickles
+and loads checkpointed. Only ``__call__`` is wrapped: a module whose class
+defines none is refused, and a model that calls a block some other way runs
+it unchecked.
 """
 
 from __future__ import annotations
@@ -20,21 +24,42 @@ from .checkpoint import checkpoint_flat
 _subclasses: dict[tuple[type, Callable | None], type] = {}
 
 
-def _checkpointed_class(cls: type, policy: policies.Policy | None) -> type:
+def _checkpointed_class(cls: type, policy: policies.Policy | None = None) -> type:
+    """The cached subclass of ``cls`` whose ``__call__`` runs checkpointed with ``policy``."""
     if (cls, policy) not in _subclasses:
         transform = functools.partial(checkpoint_flat, policy=policy)
 
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            body = policies.offering_layers(lambda *a, **k: cls.__call__(self, *a, **k), [self], policy)
-            return _pytree.call_flat(transform, body, args, kwargs, [self])
+            # The original __call__, bound: self and what its code reaches are captured.
+            body = policies.offering_layers(cls.__call__.__get__(self), policy)
+            return _pytree.call_flat(transform, body, args, kwargs)
+
+        def __reduce_ex__(self, protocol: int) -> tuple:
+            # Pickled by reference to the original class (the subclass is made at
+            # run time, pickle could not find it), and checkpointed again on load.
+            return (_new_checkpointed, (cls, policy), *object.__reduce_ex__(self, protocol)[2:])
+
         _subclasses[(cls, policy)] = type(cls.__name__, (cls,), {
-            "__call__": __call__, "_nuvec_original_class": cls,
+            "__call__": __call__, "__reduce_ex__": __reduce_ex__, "_nuvec_original_class": cls,
             "__module__": cls.__module__, "__qualname__": cls.__qualname__})
     return _subclasses[(cls, policy)]
 
 
-def _original_class(module: nn.Module) -> type:
-    return type(module).__dict__.get("_nuvec_original_class", type(module))
+def _new_checkpointed(cls: type, policy: policies.Policy | None = None) -> nn.Module:
+    """An empty checkpointed instance of ``cls``, for pickle and copy to fill."""
+    sub = _checkpointed_class(cls, policy)
+    return sub.__new__(sub)
+
+
+def _check_has_call(module: nn.Module, name: str) -> nn.Module:
+    """``module`` if its class defines ``__call__`` (what a checkpoint wraps), else ``TypeError``."""
+    if not any("__call__" in vars(c) for c in type(module).__mro__ if c is not object):
+        raise TypeError(
+            f"{name} ({type(module).__name__}) has no __call__, so nothing calls it through a "
+            "checkpoint; checkpoint the modules the model calls, or the function that uses it "
+            "with nv.checkpoint"
+        )
+    return module
 
 
 def is_checkpointed(module: nn.Module) -> bool:
@@ -67,6 +92,9 @@ def checkpoint_module(
     Returns:
         ``module`` itself.
 
+    Raises:
+        TypeError: ``module``'s class defines no ``__call__``.
+
     Example:
         >>> nv.checkpoint_module(model.layers[0])
         >>> nv.checkpoint_module(model.layers[1], policy=nv.policies.save_matmuls)
@@ -74,7 +102,9 @@ def checkpoint_module(
     _validate.check_module(module, "module")
     _validate.check_bool(enable, "enable")
     policy = policies.check_policy(policy)
-    cls = _original_class(module)
+    cls = type(module).__dict__.get("_nuvec_original_class", type(module))
+    if enable:
+        _check_has_call(module, "module")
     module.__class__ = _checkpointed_class(cls, policy) if enable else cls
     return module
 
@@ -128,7 +158,12 @@ def checkpoint_layers(
         policy: as for :func:`checkpoint_module`.
 
     Returns:
-        How many blocks were wrapped, or changed policy (or unwrapped).
+        How many blocks were wrapped, took another policy, or were unwrapped:
+        blocks whose ``__call__`` now runs checkpointed (or no longer does).
+
+    Raises:
+        TypeError: a block to wrap defines no ``__call__`` (nothing calls it
+            through a checkpoint); nothing is wrapped then.
 
     Example:
         >>> nv.checkpoint_layers(model)            # every block
@@ -139,6 +174,9 @@ def checkpoint_layers(
     _validate.check_bool(enable, "enable")
     policy = policies.check_policy(policy)
     blocks = find_layers(model, layers)
+    for i, block in enumerate(blocks):
+        if enable and i % every == 0:
+            _check_has_call(block, f"layers[{i}]")  # before any block is wrapped
     count = 0
     for block in blocks[::every]:
         before = type(block)
@@ -193,8 +231,7 @@ def checkpoint_sequential(
                 for layer in group:
                     h = layer(h)
                 return h
-            mods = [m for m in group if isinstance(m, nn.Module)]
-            x = _pytree.call_flat(transform, policies.offering_layers(seg, mods, policy), (x,), {}, mods)
+            x = _pytree.call_flat(transform, policies.offering_layers(seg, policy), (x,), {})  # seg reaches its layers
         return x
 
     return run

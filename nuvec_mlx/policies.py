@@ -36,10 +36,9 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import mlx.core as mx
-import mlx.nn as nn
 
 from . import _saving
 from ._saving import Saveable
@@ -165,9 +164,9 @@ def recomputes_nothing(policy: Policy | None) -> bool:
     return policy is save_everything
 
 
-def offering_layers(fn: Callable, modules: Sequence[nn.Module], policy: Policy | None) -> Callable:
-    """``fn``, with the layers under ``modules`` offering their outputs to ``policy`` while it runs
-    (``fn`` itself when the policy keeps nothing or recomputes nothing)."""
+def offering_layers(fn: Callable, policy: Policy | None) -> Callable:
+    """``fn``, with the layers of the modules it reaches offering their outputs to ``policy`` while
+    it runs (``fn`` itself when the policy keeps nothing or recomputes nothing)."""
     if policy is None or recomputes_nothing(policy):
         return fn
-    return _saving.intercepting(fn, modules)
+    return _saving.intercepting(fn)

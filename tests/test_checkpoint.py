@@ -221,3 +221,78 @@ def test_random_draws_are_replayed_only_when_the_backward_pass_reaches_the_block
     # masks unfixed against -0.75 to +1.25 fixed, so the bound sits between.
     mask = 512 * 4 * 128 * 4  # the random bits of one block's mask
     assert peak(_dropout_mlp) <= peak(_plain_mlp) + 2 * mask
+
+
+def test_a_function_returning_no_arrays_returns_an_empty_list():
+    # mx.custom_function needs an output: this segfaulted.
+    assert nv.checkpoint_flat(lambda xs: [])([mx.ones((2,))]) == []
+
+
+def _dropout_block(xs):
+    x, w = xs
+    h = mx.tanh(x @ w)
+    return [mx.where(mx.random.bernoulli(0.7, h.shape), h, 0.0) / 0.7]
+
+
+def _batch_loss(block):
+    return lambda w, x: (block([x, w])[0] ** 2).sum()
+
+
+def test_per_example_gradients_through_vmap_of_grad_equal_plain():
+    x, w, _ = params(4, b=6, d=8)
+    mx.random.seed(2)
+    ck = mx.vmap(mx.grad(_batch_loss(nv.checkpoint_flat(_dropout_block))), in_axes=(None, 0))(w, x)
+    mx.random.seed(2)
+    plain = mx.vmap(mx.grad(_batch_loss(_dropout_block)), in_axes=(None, 0))(w, x)
+    assert ck.shape == (6, 8, 16)
+    assert_close(ck, plain)
+
+
+def test_hessian_vector_products_forward_over_reverse_equal_plain():
+    x, w, _ = params(5, b=4, d=8)
+    v = mx.random.normal(w.shape, key=mx.random.key(9))
+
+    def hvp(block):
+        grad = mx.grad(lambda w: (mx.sin(block([x, w])[0]) ** 2).sum())
+        return mx.jvp(grad, [w], [v])[1][0]
+
+    block = lambda xs: [mx.tanh(xs[0] @ xs[1])]
+    assert_close(hvp(nv.checkpoint_flat(block)), hvp(block), 1e-5)
+
+
+def test_vmap_and_jvp_of_a_checkpoint_equal_plain_and_replay_the_forwards_draws():
+    x, w, _ = params(6, b=5, d=8)
+    tangents = [mx.ones_like(x), mx.zeros_like(w)]
+    results = {}
+    for name, block in [("ck", nv.checkpoint_flat(_dropout_block)), ("plain", _dropout_block)]:
+        mx.random.seed(4)
+        batched = mx.vmap(lambda x: block([x, w])[0])(x)
+        jvp = mx.jvp(lambda x, w: block([x, w])[0], [x, w], tangents)
+        # The gradient of a vmapped checkpoint goes through the batched checkpoint's own rules.
+        grad = mx.grad(lambda w: (mx.vmap(lambda x: block([x, w])[0])(x) ** 2).sum())(w)
+        results[name] = [batched, *jvp[0], *jvp[1], grad, mx.random.uniform(shape=(3,))]
+    assert_close(results["ck"], results["plain"])
+
+
+def test_a_traced_array_the_flat_function_captures_gets_its_exact_gradient():
+    x, w, _ = params(7, b=3, d=4)
+
+    def loss(x, w, block_of):
+        return (block_of(w)([x])[0] ** 2).sum()
+
+    closure = lambda w: (lambda xs: [mx.tanh(xs[0] @ w)])
+    ck = mx.grad(loss, argnums=[0, 1])(x, w, lambda w: nv.checkpoint_flat(closure(w)))
+    plain = mx.grad(loss, argnums=[0, 1])(x, w, closure)
+    assert_close(ck, plain)
+    constant = mx.grad(loss, argnums=1)(x, w, lambda w: nv.checkpoint_flat(closure(w), allow_captured=True))
+    assert mx.array_equal(constant, mx.zeros_like(w)).item()  # knowingly a constant
+
+
+@pytest.mark.parametrize("compile_with", [mx.compile, nv.compile], ids=["mx.compile", "nv.compile"])
+def test_a_shapeless_compile_through_a_checkpoint_fails_at_its_first_call(compile_with):
+    block = nv.checkpoint_flat(lambda xs: [mx.tanh(xs[0]) * 2])
+    step = compile_with(lambda x: block([x])[0], shapeless=True)
+    with pytest.raises(ValueError, match=r"shapeless=True.*Compile with shapeless=False"):
+        step(mx.ones((2, 3)))
+    plain = compile_with(lambda x: block([x])[0])
+    assert_close(plain(mx.ones((2, 3))), mx.tanh(mx.ones((2, 3))) * 2)

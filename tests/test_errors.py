@@ -95,6 +95,8 @@ CATALOGUE = [
     # checkpoint_flat
     ("checkpoint_flat: fn not callable", lambda: nv.checkpoint_flat(3),
      TypeError, r"^fn must be callable, got int$"),
+    ("checkpoint_flat: allow_captured not a bool", lambda: nv.checkpoint_flat(total, allow_captured="no"),
+     TypeError, r"^allow_captured must be a bool, got str$"),
     ("checkpointed: xs a bare array", lambda: nv.checkpoint_flat(lambda xs: xs)(a),
      TypeError, r"^xs must be a list or tuple of mlx.core.array, got array$"),
     ("checkpointed: fn returns a bare array", lambda: nv.checkpoint_flat(lambda xs: xs[0])([a]),
@@ -109,8 +111,10 @@ CATALOGUE = [
      TypeError, r"^fn must be callable, got int$"),
     ("checkpoint: allow_captured not a bool", lambda: nv.checkpoint(total, allow_captured=1),
      TypeError, r"^allow_captured must be a bool, got int$"),
-    ("checkpoint: fn captures a floating array", lambda: nv.checkpoint(lambda x: x * a),
-     ValueError, r"^checkpoint: fn \(.*\) captures floating-point mx.array values \(global 'a'\); their gradients"),
+    ("checkpointed: inside a shapeless compile",
+     lambda: mx.compile(lambda x: nv.checkpoint(mx.sin)(x), shapeless=True)(a),
+     ValueError, r"^checkpoint: fn \(.*\) is checkpointed inside mx.compile\(\.\.\., shapeless=True\), which MLX .* "
+                 r"cannot do: .* Compile with shapeless=False \(one trace per input shape\)$"),
     ("checkpointed: fn returns other non-array outputs when recomputed",
      lambda: mx.grad(lambda x: nv.checkpoint(counts_calls())(x)[0].sum())(a),
      ValueError, r"^checkpoint: fn \(.*\) returned \[<array>, 2\] when recomputed in the backward pass, "
@@ -118,6 +122,10 @@ CATALOGUE = [
     # checkpoint_module, is_checkpointed
     ("checkpoint_module: not a module", lambda: nv.checkpoint_module(lambda x: x),
      TypeError, r"^module must be an mlx.nn.Module, got function$"),
+    ("checkpoint_module: a module without __call__", lambda: nv.checkpoint_module(nn.Module()),
+     TypeError, r"^module \(Module\) has no __call__, so nothing calls it through a checkpoint; "),
+    ("checkpoint_layers: a block without __call__", lambda: nv.checkpoint_layers(nn.Sequential(nn.Module())),
+     TypeError, r"^layers\[0\] \(Module\) has no __call__, so nothing calls it through a checkpoint; "),
     ("checkpoint_module: enable not a bool", lambda: nv.checkpoint_module(nn.Linear(2, 2), enable="no"),
      TypeError, r"^enable must be a bool, got str$"),
     ("is_checkpointed: not a module", lambda: nv.is_checkpointed(3),

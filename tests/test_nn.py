@@ -1,8 +1,11 @@
+import copy
+import pickle
+
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import pytest
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_map
 
 import nuvec_mlx as nv
 from tests.helpers import assert_close
@@ -109,6 +112,52 @@ def test_lora_only_adapters_train():
     assert len(g0) == 4  # lora_a, lora_b per layer
     nv.checkpoint_layers(m)
     assert_close(grads(m, x), g0, 1e-5)
+
+
+@pytest.mark.parametrize("clone", [lambda m: pickle.loads(pickle.dumps(m)), copy.deepcopy], ids=["pickle", "deepcopy"])
+def test_checkpointed_modules_pickle_and_copy_as_checkpointed_modules(clone):
+    m = make("llama")
+    x = mx.random.randint(0, 128, (2, 9))
+    g0 = grads(m, x)
+    nv.checkpoint_layers(m)
+    c = clone(m)
+    assert all(nv.is_checkpointed(layer) for layer in c.layers)
+    assert type(c.layers[0]) is type(m.layers[0])
+    assert [k for k, _ in tree_flatten(c.parameters())] == [k for k, _ in tree_flatten(m.parameters())]
+    assert_close(grads(c, x), g0, 1e-5)
+
+
+def test_checkpointed_modules_keep_their_parameter_names_for_save_and_load(tmp_path):
+    m = make("llama")
+    names = [k for k, _ in tree_flatten(m.parameters())]
+    nv.checkpoint_layers(m)
+    m.save_weights(str(tmp_path / "w.safetensors"))
+    plain = make("llama")
+    plain.update(tree_map(mx.zeros_like, plain.parameters()))
+    plain.load_weights(str(tmp_path / "w.safetensors"))
+    assert sorted(mx.load(str(tmp_path / "w.safetensors"))) == sorted(names)
+    assert_close([v for _, v in tree_flatten(plain.parameters())], [v for _, v in tree_flatten(m.parameters())])
+    nv.checkpoint_layers(plain)
+    plain.load_weights(str(tmp_path / "w.safetensors"))  # strict: every name found
+
+
+class _Container(nn.Module):
+    """Holds blocks but defines no __call__: nothing can call it through a checkpoint."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(2, 2)
+
+
+def test_modules_without_call_are_refused_before_anything_is_wrapped():
+    model = nn.Sequential(nn.Linear(2, 2), _Container())
+    with pytest.raises(TypeError, match=r"layers\[1\] \(_Container\) has no __call__"):
+        nv.checkpoint_layers(model)  # model.layers
+    with pytest.raises(TypeError, match=r"layers\[0\] \(_Container\) has no __call__"):
+        nv.checkpoint_layers(model, layers=lambda mod: isinstance(mod, _Container))
+    assert not any(nv.is_checkpointed(mod) for _, mod in model.named_modules())
+    with pytest.raises(TypeError, match=r"module \(_Container\) has no __call__"):
+        nv.checkpoint_module(_Container())
 
 
 def test_errors():

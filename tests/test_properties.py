@@ -10,16 +10,27 @@ checkpoints for a random ``argnums``; gradients must agree to 1e-6 relative to
 each gradient's max-norm, eagerly and compiled (compiled checkpointed against
 compiled plain, since fusion may round differently from eager).
 
+The same graphs also run through :func:`nuvec_mlx.checkpoint` as functions of
+pytrees: the weights and the input live in an ``nn.Module`` passed to each
+block as an argument (a random subset of them frozen), and each block returns
+a dict whose leaves include ``None``, ints, strings and tuples besides arrays;
+the gradients of the module's trainable arrays must agree the same way.
+
 Profiles (``HYPOTHESIS_PROFILE``): ``ci`` (default, 300 examples in all: 240 eager, 60 compiled,
 derandomized) and ``dev`` (more, random), registered in ``tests/conftest.py``.
 """
 
 import mlx.core as mx
+import mlx.nn as nn
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from mlx.utils import tree_flatten
 
 import nuvec_mlx as nv
 from tests.helpers import assert_close
+
+# The pytree form draws a quarter of the profile's examples too (it shares the flat form's graphs).
+PYTREE_EXAMPLES = max(10, settings().max_examples // 4)
 
 # Each distinct compiled graph is JIT-compiled anew (g++), so the compiled
 # property draws a quarter of the profile's examples.
@@ -152,3 +163,59 @@ def test_checkpointed_gradients_equal_plain_eager(g):
 @given(g=graphs())
 def test_checkpointed_gradients_equal_plain_compiled(g, compiled):
     assert_close(gradients(g, True, True), gradients(g, False, True))
+
+
+class Inputs(nn.Module):
+    """A graph's input and weights as a module (``x``, ``w0``, ``w1``, ...); the int mask stays outside."""
+
+    def __init__(self, x, ws, frozen):
+        super().__init__()
+        self.x = x
+        for i, w in enumerate(ws):
+            setattr(self, f"w{i}", w)
+        self.freeze(keys=[k for k in self if k in frozen], strict=False)
+
+    @property
+    def ws(self):
+        return [self[f"w{i}"] for i in range(len(self) - 1)]
+
+
+def pytree_gradients(g, use_checkpoints, frozen):
+    x, mask, *ws = inputs(g)
+    model = Inputs(x, ws, frozen)
+
+    def block(spec, i):
+        def fn(h, mask, weights, *, index):
+            if spec["inner"] is not None:
+                inner = lambda h, mask, weights: {"h": apply_ops(spec["inner"], h, weights.ws, mask), "none": None}
+                if use_checkpoints and spec["inner_checkpoint"]:
+                    inner = nv.checkpoint(inner)
+                h = inner(h, mask, weights)["h"]
+            h = apply_ops(spec["ops"], h, weights.ws, mask)
+            aux = mx.cos(h).sum(axis=0) if spec["aux"] else None
+            return {"h": h, "aux": aux, "meta": (index, "block", None)}
+
+        return nv.checkpoint(fn) if use_checkpoints and spec["checkpoint"] else fn
+
+    blocks = [block(spec, i) for i, spec in enumerate(g["blocks"])]
+
+    def loss(model):
+        h, total = model.x, mx.array(0.0)
+        for i, blk in enumerate(blocks):
+            out = blk(h, mask, model, index=i)
+            assert out["meta"] == (i, "block", None)
+            h = out["h"]
+            if out["aux"] is not None:
+                total = total + 0.5 * out["aux"].sum()
+        return total + (h * h).sum()
+
+    value, grads = nn.value_and_grad(model, loss)(model)
+    out = [value, *(v for _, v in tree_flatten(grads))]
+    mx.eval(out)
+    return out
+
+
+@settings(max_examples=PYTREE_EXAMPLES)
+@given(g=graphs(), frozen=st.sets(st.sampled_from(["x", "w0", "w1", "w2"]), max_size=2))
+def test_checkpointed_pytree_gradients_equal_plain_with_modules_as_arguments_and_non_array_outputs(g, frozen):
+    assert_close(pytree_gradients(g, True, frozen), pytree_gradients(g, False, frozen))

@@ -1,0 +1,63 @@
+"""Dependencies between arrays that every transform of MLX understands.
+
+:func:`mlx.core.depends` makes arrays wait for others without copying them,
+which is how a checkpoint orders its recomputation and how stages are marked.
+But MLX 0.32's ``Depends`` has no ``vmap`` and no ``jvp`` rule, and
+:func:`mlx.core.vmap` and :func:`mlx.core.jvp` transform every node of the
+graphs they trace (also those inside custom functions): one ``Depends`` in a
+gradient makes ``mx.vmap(mx.grad(f))`` (per-example gradients) and
+``mx.jvp(mx.grad(f), ...)`` (Hessian-vector products) fail.
+
+:func:`depends` is the same dependency as an :func:`mlx.core.custom_function`:
+its outputs share the buffers of its inputs (no copy, like ``Depends``), its
+node reads the dependencies, so they are computed first, and its rules pass
+the inputs' cotangents, tangents and batch axes through unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import mlx.core as mx
+
+
+@mx.custom_function
+def _depend(inputs: list[mx.array], dependencies: list[mx.array]) -> list[mx.array]:
+    return list(inputs)
+
+
+@_depend.vjp
+def _depend_vjp(primals, cotangents, outputs):
+    inputs, dependencies = primals
+    return list(cotangents), [mx.zeros_like(d) for d in dependencies]
+
+
+@_depend.jvp
+def _depend_jvp(primals, tangents):
+    inputs, _ = primals
+    return [mx.zeros_like(x) if t is None else t for x, t in zip(inputs, tangents[0])]
+
+
+@_depend.vmap
+def _depend_vmap(args, axes):
+    (inputs, dependencies), (in_axes, _) = args, axes
+    return depends(inputs, dependencies), list(in_axes)
+
+
+def depends(inputs: Sequence[mx.array], dependencies: Sequence[mx.array]) -> list[mx.array]:
+    """``inputs``, computed only after ``dependencies``: :func:`mlx.core.depends` for every transform.
+
+    Args:
+        inputs: the arrays to return.
+        dependencies: the arrays they must wait for.
+
+    Returns:
+        Arrays equal to ``inputs`` (sharing their buffers) whose evaluation
+        evaluates ``dependencies`` first.
+
+    Example:
+        >>> x, = depends([x], cotangents)  # x is read only once the cotangents exist
+    """
+    if not inputs or not dependencies:
+        return list(inputs)
+    return list(_depend(list(inputs), list(dependencies)))
