@@ -119,16 +119,35 @@ def _running(run: _Run) -> Iterator[None]:
 
 
 def _reused(kept: mx.array, fn: Callable, primals: list[mx.array]) -> mx.array:
-    """``kept`` in the place of ``fn(*primals)``, with the vjp of ``fn`` at ``primals``."""
+    """``kept`` in the place of ``fn(*primals)``, with the vjp of ``fn`` at ``primals``.
+
+    Forward mode and batching (``mx.jvp``, ``mx.vmap`` of a gradient) see
+    ``fn`` itself: they recompute the value, exactly.
+    """
     reuse = mx.custom_function(lambda *_: kept)
 
     @reuse.vjp
     def vjp(ps: Any, cotangent: mx.array, _output: Any) -> Any:
-        ps = [ps] if isinstance(ps, mx.array) else list(ps)
+        ps = _listed(ps)
         grads = mx.vjp(fn, ps, [cotangent])[1]
         return grads[0] if len(ps) == 1 else tuple(grads)
 
+    @reuse.jvp
+    def jvp(ps: Any, tangents: Any) -> mx.array:
+        ps = _listed(ps)
+        tangents = [mx.zeros_like(p) if t is None else t for p, t in zip(ps, _listed(tangents))]
+        return mx.jvp(fn, ps, tangents)[1][0]
+
+    @reuse.vmap
+    def vmap(inputs: Any, axes: Any) -> tuple[mx.array, int]:
+        return mx.vmap(fn, in_axes=tuple(_listed(axes)))(*_listed(inputs)), 0
+
     return reuse(*primals)
+
+
+def _listed(values: Any) -> list:
+    """A custom function's arguments as a list (one argument comes alone)."""
+    return list(values) if isinstance(values, (list, tuple)) else [values]
 
 
 def offer_name(x: mx.array, name: str) -> mx.array:

@@ -209,3 +209,31 @@ def test_save_matmuls_keeps_the_layer_outputs_and_stays_well_below_plain(compile
         assert 0.9 * extra <= b - a <= 1.1 * extra, (a, b, extra)
     # Measured (CPU, MLX 0.32.4): save_matmuls 3.6 MiB, save_nothing 2.6, plain 9.4.
     assert matmuls_peak <= 0.5 * plain_peak, (matmuls_peak, plain_peak)
+
+
+@pytest.mark.parametrize("policy", [policies.save_matmuls, policies.save_names("h"), policies.save_everything],
+                         ids=["matmuls", "names", "everything"])
+def test_per_example_gradients_and_hessian_vector_products_go_through_kept_values(policy):
+    layer = nn.Linear(8, 8)
+    mx.eval(layer.parameters())
+
+    def loss(x, policy):
+        def block(x):
+            return mx.tanh(nv.checkpoint_name(layer(x), "h")) * 2
+
+        f = block if policy is None else nv.checkpoint(block, policy=policy)
+        return (f(x) ** 2).sum()
+
+    x = mx.random.normal((4, 8), key=mx.random.key(3))
+    for transform in (lambda g: mx.vmap(g)(x), lambda g: mx.jvp(g, [x], [mx.ones_like(x)])[1][0]):
+        expected = transform(mx.grad(lambda x: loss(x, None)))
+        assert_close(transform(mx.grad(lambda x: loss(x, policy))), expected, 1e-5)
+
+
+def test_a_checkpointed_module_pickles_with_its_policy():
+    import pickle
+
+    model, _ = model_and_input(blocks=1)
+    nv.checkpoint_layers(model, policy=policies.save_matmuls)
+    loaded = pickle.loads(pickle.dumps(model))
+    assert type(loaded.layers[0]) is type(model.layers[0]) and nv.is_checkpointed(loaded.layers[0])
