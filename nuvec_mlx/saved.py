@@ -222,7 +222,9 @@ def _export(block: nn.Module, args: tuple, kwargs: dict) -> tuple[list[Saved], i
     def transform(flat: Callable) -> Callable:
         def exporting(xs: list[mx.array]) -> list[mx.array]:
             outs = flat(xs)
-            diff = [i for i, x in enumerate(xs) if _validate.is_differentiable(x)]
+            # The block's floating arguments and trainable parameters are differentiated, as in a step.
+            diff = [i for i, x in enumerate(xs) if _validate.is_differentiable(x)
+                    and (i < n_args or id(x) in trainable)]
 
             def graph(*inputs: mx.array) -> list[mx.array]:
                 primals, cotangents = list(inputs[: len(xs)]), list(inputs[len(xs):])
@@ -236,15 +238,16 @@ def _export(block: nn.Module, args: tuple, kwargs: dict) -> tuple[list[Saved], i
             events: list[dict] = []
             mx.export_function(events.append, graph, *xs, *[mx.zeros(o.shape, o.dtype) for o in outs])
             names = [name for e in events if e["type"] == "inputs" for name, *_ in e["inputs"]]
-            n_args = len(xs) - n_weights
             found.append((events, len(outs), set(names[:n_args]), set(names[n_args: len(xs)]),
                           sum(o.nbytes for o in outs)))
             return outs
 
         return exporting
 
-    n_weights = len(tree_flatten(block.trainable_parameters()))
-    _pytree.call_flat(transform, lambda *a, **k: block(*a, **k), args, kwargs, [block])
+    # The flat inputs: the arguments' arrays, then the arrays of the modules the call reaches.
+    n_args = sum(isinstance(v, mx.array) for _, v in tree_flatten((list(args), kwargs)))
+    trainable = {id(v) for _, v in tree_flatten(block.trainable_parameters())}
+    _pytree.call_flat(transform, lambda *a, **k: block(*a, **k), args, kwargs)
     events, outputs, arguments, weights, out_bytes = found[0]
     return residuals(events, outputs, arguments, weights), out_bytes
 
@@ -259,7 +262,7 @@ def _kept(block: nn.Module, args: tuple, kwargs: dict, policy: Callable | None) 
     record = _saving.Record(policy)
     paths = {id(m): p for p, m in block.named_modules()}
     with record.recording():
-        policies.offering_layers(lambda: block(*args, **kwargs), [block], policy)()
+        policies.offering_layers(lambda: block(*args, **kwargs), policy)()
     for (kind, where, _), value in record.values.items():
         made = f"{paths.get(where, '?')} (nn.Linear output)" if kind == _saving.MATMUL else f"checkpoint_name {where!r}"
         kept.append(Saved(tuple(value.shape), _dtype_name(value.dtype), value.nbytes, made))
