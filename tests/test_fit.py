@@ -21,30 +21,14 @@ def test_solve_extrapolates_a_parabola_and_a_line():
 
 
 def peak(model, loss_fn, batch, optimizer):
-    """The step's peak as nv.largest_fit measures it (every block checkpointed, compiled, nv.eval),
-    the higher of two steps, the model and optimizer put back after."""
-    from mlx.utils import tree_map
+    """The step's peak measured afresh as nv.largest_fit measures it (every block checkpointed,
+    compiled, nv.eval, the higher of two steps), by the harness it shares with nv.plan."""
+    from nuvec_mlx import _trial
 
-    params, opt_state = tree_map(lambda a: a, model.parameters()), tree_map(lambda a: a, optimizer.state)
-    optimizer.init(model.trainable_parameters())
-    nv.checkpoint_layers(model)
-    state = [model.state, optimizer.state, mx.random.state]
-
-    @nv.compile(inputs=state, outputs=state)
-    def step(x):
-        loss, grads = nv.value_and_grad(model, loss_fn)(model, x)
-        optimizer.update(model, grads)
-        return loss
-
-    peaks = []
-    for _ in range(2):
-        with nv.memory.measure() as m:
-            nv.eval(step(batch), state)
-        peaks.append(m.start + m.peak)
-        model.update(params)
-    nv.checkpoint_layers(model, enable=False)
-    optimizer.state = opt_state
-    return max(peaks)
+    trial = _trial.Trial(model, loss_fn, model.model.layers, optimizer)
+    with trial.restoring():
+        trial.set_modes([nv.policies.save_nothing] * len(trial.blocks))
+        return max(r.peak for r in trial.measure(batch))
 
 
 def test_the_largest_sequence_is_within_5_percent_of_the_measured_largest(compiled):
