@@ -6,10 +6,14 @@ is the function; the module is its home (``sys.modules["nuvec_mlx.checkpoint"]
 .checkpoint`` is the same object).
 """
 
-from . import memory
+from . import memory, policies
 from .checkpoint import checkpoint, checkpoint_flat
 from .compile import Compiled, CompiledFlat, compile, compile_flat
 from .evaluate import eval
+from .fit import Fit, largest_fit
+from .plan import Plan, plan
+from .policies import checkpoint_name
+from .saved import SavedActivations, saved_activations
 from .grad import grad_flat, value_and_grad, value_and_grad_flat
 from .nn import checkpoint_layers, checkpoint_module, checkpoint_sequential, is_checkpointed
 
@@ -18,17 +22,25 @@ __version__ = "0.1.0"
 __all__ = [
     "Compiled",
     "CompiledFlat",
+    "Fit",
+    "Plan",
+    "SavedActivations",
     "checkpoint",
     "checkpoint_flat",
     "checkpoint_layers",
     "checkpoint_module",
+    "checkpoint_name",
     "checkpoint_sequential",
     "compile",
     "compile_flat",
     "eval",
     "grad_flat",
     "is_checkpointed",
+    "largest_fit",
     "memory",
+    "plan",
+    "policies",
+    "saved_activations",
     "value_and_grad",
     "value_and_grad_flat",
 ]

@@ -45,6 +45,10 @@ class _Watch:
         reached = max(mx.get_active_memory(), peak if peak > self.peak_before else 0)
         if reached > self.nbytes:
             where = "the outputs" if stage_kind == "outputs" else f"{stage_kind} stage {index + 1} of {count}"
+            # The counter now holds this step's peak: start it afresh, so that the next
+            # evaluation inside the same ceiling is judged by its own peak.
+            mx.reset_peak_memory()
+            self.peak_before = 0
             raise MemoryError(
                 f"nv.eval stopped after {where}: MLX memory reached {reached / MiB:.1f} MiB, "
                 f"above the ceiling of {self.nbytes / MiB:.1f} MiB (nv.memory.ceiling); "
@@ -60,7 +64,10 @@ def ceiling(nbytes: int) -> Iterator[None]:
     step), so the evaluation stops at most one stage past the ceiling; a step
     compiled with :func:`nuvec_mlx.compile` and called inside gets its
     ``outputs`` state (model and optimizer) restored to what it was before
-    the step, so that the next step, smaller, can run.
+    the step, so that the next step, smaller, can run, also inside the same
+    ceiling (a stop resets MLX's peak counter). A step that is not compiled
+    with :func:`nuvec_mlx.compile` is not undone: evaluate its loss and
+    gradients inside the ceiling before the optimizer's update.
 
     Args:
         nbytes: the ceiling, in bytes of MLX's active memory (an int >= 0).

@@ -67,6 +67,11 @@ def kind(stage: mx.array) -> str:
     return FORWARD if stage.dtype == _DTYPES[FORWARD] else BACKWARD
 
 
+def chained(arrays: Sequence[mx.array]) -> list[mx.array]:
+    """Make ``arrays`` (a block's gradients) depend on one another: none is done before all are."""
+    return _depends.depends(list(arrays), list(arrays)) if len(arrays) > 1 else list(arrays)
+
+
 def mark(arrays: Sequence[mx.array], stage_kind: str) -> list[mx.array]:
     """Mark a stage that ends once ``arrays`` are computed; use what it returns in their place.
 

@@ -29,18 +29,13 @@ from typing import Any
 
 import mlx.core as mx
 
-from . import _constants, _depends, _flat, _pytree, _random, _stages, _traced, _validate
+from . import _constants, _depends, _flat, _pytree, _random, _saving, _stages, _traced, _validate, policies
 
 FlatFn = Callable[[list[mx.array]], Sequence[mx.array]]
 
 
 def _signature(arrays: Sequence[mx.array]) -> list[tuple[tuple[int, ...], mx.Dtype]]:
     return [(tuple(a.shape), a.dtype) for a in arrays]
-
-
-def _chain(grads: list[mx.array]) -> list[mx.array]:
-    """Make the gradients depend on one another: none is done before all are."""
-    return _depends.depends(grads, grads) if len(grads) > 1 else grads
 
 
 @mx.custom_function
@@ -87,8 +82,9 @@ class _Call:
     ones that are not declared constant (:mod:`nuvec_mlx._constants`).
     """
 
-    def __init__(self, fn: FlatFn, xs: list[mx.array], allow_captured: bool):
+    def __init__(self, fn: FlatFn, xs: list[mx.array], allow_captured: bool, policy: policies.Policy | None):
         self.fn, self.xs, self.allow_captured = fn, xs, allow_captured
+        self.kept = _saving.Record(policy)  # forward values the recomputation reuses
         self.diff = [i for i, x in enumerate(xs) if _validate.is_differentiable(x)]
         # The inputs whose gradients are wanted.
         self.wanted = [i for i in self.diff if not _constants.is_constant(xs[i])]
@@ -104,7 +100,8 @@ class _Call:
     def forward(self, xs: list[mx.array]) -> list[mx.array]:
         # On stopped inputs: what the forward's own graph differentiates is
         # only what fn read from elsewhere (see _also_into).
-        out = self.run([mx.stop_gradient(x) for x in xs])
+        with self.kept.recording():
+            out = self.run([mx.stop_gradient(x) for x in xs])
         self.signature = _signature(out)
         if not out:  # mx.custom_function needs an output; nothing depends on this one
             self.empty = True
@@ -113,7 +110,7 @@ class _Call:
         return self.graph
 
     def recompute(self, xs: Sequence[mx.array]) -> list[mx.array]:
-        with _random.drawing_from(self.replay_key):
+        with _random.drawing_from(self.replay_key), self.kept.replaying():
             out = self.run(xs)
         if _signature(out) != self.signature:
             raise ValueError(
@@ -138,7 +135,7 @@ class _Call:
 
         # Only the wanted gradients are computed (a constant's is never used).
         grads = mx.vjp(recompute_wanted, [primals[i] for i in self.wanted], list(cotangents))[1]
-        grads = _stages.mark(_chain(list(grads)), _stages.BACKWARD)  # nv.eval waits here
+        grads = _stages.mark(_stages.chained(grads), _stages.BACKWARD)  # nv.eval waits here
         return _flat.substitute(zeros, self.wanted, grads)
 
     def jvp(self, primals: list[mx.array], tangents: list[mx.array | None]) -> list[mx.array]:
@@ -151,11 +148,13 @@ class _Call:
         """The batched function, checkpointed in turn, with the forward's draws."""
         batched = lambda xs: mx.vmap(lambda *xs: self.run(xs), in_axes=tuple(axes))(*xs)
         with _random.drawing_from(self.key):
-            out = checkpoint_flat(batched, allow_captured=self.allow_captured)(xs)
+            out = checkpoint_flat(batched, allow_captured=self.allow_captured, policy=self.kept.policy)(xs)
         return out, [0] * len(out)
 
 
-def checkpoint_flat(fn: FlatFn, *, allow_captured: bool = False) -> Callable[[Sequence[mx.array]], list[mx.array]]:
+def checkpoint_flat(
+    fn: FlatFn, *, allow_captured: bool = False, policy: policies.Policy | None = None
+) -> Callable[[Sequence[mx.array]], list[mx.array]]:
     """Checkpoint a flat function: same values and gradients, less memory.
 
     The forward pass keeps only the inputs of ``fn``; its activations are
@@ -172,6 +171,9 @@ def checkpoint_flat(fn: FlatFn, *, allow_captured: bool = False) -> Callable[[Se
         fn: ``list[mx.array] -> list[mx.array]``.
         allow_captured: make arrays ``fn`` reads besides its inputs constants
             (zero derivative) instead.
+        policy: which forward values to keep rather than recompute
+            (:mod:`nuvec_mlx.policies`); ``None`` keeps none. A flat function
+            offers only the values it names with :func:`nuvec_mlx.checkpoint_name`.
 
     Returns:
         A flat function with the values and gradients of ``fn``.
@@ -187,10 +189,13 @@ def checkpoint_flat(fn: FlatFn, *, allow_captured: bool = False) -> Callable[[Se
     """
     _validate.check_callable(fn, "fn")
     _validate.check_bool(allow_captured, "allow_captured")
+    policy = policies.check_policy(policy)
+    if policies.recomputes_nothing(policy):
+        return _saving.unrecomputed(fn, _constants.is_constant)
 
     @functools.wraps(fn)
     def checkpointed(xs: Sequence[mx.array]) -> list[mx.array]:
-        call = _Call(fn, _validate.check_array_list(xs, "xs"), allow_captured)
+        call = _Call(fn, _validate.check_array_list(xs, "xs"), allow_captured, policy)
         if not call.diff:
             return call.run(call.xs)
         if _traced.in_shapeless_trace():
@@ -213,7 +218,9 @@ def checkpoint_flat(fn: FlatFn, *, allow_captured: bool = False) -> Callable[[Se
     return checkpointed
 
 
-def checkpoint(fn: Callable | None = None, *, allow_captured: bool = False) -> Callable:
+def checkpoint(
+    fn: Callable | None = None, *, allow_captured: bool = False, policy: policies.Policy | None = None
+) -> Callable:
     """Checkpoint a function of pytrees: same values and gradients, less memory.
 
     Usable as ``@nv.checkpoint`` or ``@nv.checkpoint(allow_captured=True)``.
@@ -241,6 +248,10 @@ def checkpoint(fn: Callable | None = None, *, allow_captured: bool = False) -> C
         fn: the function to checkpoint (may also be an ``nn.Module``).
         allow_captured: make arrays ``fn`` reads besides its arguments and
             those modules constants (zero derivative) instead.
+        policy: which forward values to keep rather than recompute
+            (:mod:`nuvec_mlx.policies`): the outputs of the ``nn.Linear`` layers
+            of those modules, values named with :func:`nuvec_mlx.checkpoint_name`;
+            ``None`` keeps none.
 
     Returns:
         A function with the signature, values and gradients of ``fn``.
@@ -252,13 +263,15 @@ def checkpoint(fn: Callable | None = None, *, allow_captured: bool = False) -> C
         >>> out = block(x, {"w": w})["h"]
     """
     _validate.check_bool(allow_captured, "allow_captured")
+    policy = policies.check_policy(policy)
     if fn is None:
-        return functools.partial(checkpoint, allow_captured=allow_captured)
+        return functools.partial(checkpoint, allow_captured=allow_captured, policy=policy)
     _validate.check_callable(fn, "fn")
-    transform = functools.partial(checkpoint_flat, allow_captured=allow_captured)
+    transform = functools.partial(checkpoint_flat, allow_captured=allow_captured, policy=policy)
+    body = policies.offering_layers(fn, policy)
 
     @functools.wraps(fn)
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
-        return _pytree.call_flat(transform, fn, args, kwargs)
+        return _pytree.call_flat(transform, body, args, kwargs)
 
     return checkpointed

@@ -70,7 +70,7 @@ def value_and_grad_flat(
             value, grads = vg(*(xs[i] for i in idx))
         # mx.value_and_grad returns a bare array for a single argnum.
         grads = [grads] if len(idx) == 1 else list(grads)
-        _stages.hand_on(grads, stages)
+        _stages.hand_on([value, *grads], stages)
         return value, grads
 
     return value_and_grad
@@ -112,7 +112,9 @@ def value_and_grad(model: nn.Module, fn: Callable) -> Callable[..., tuple[Any, A
     def wrapped(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
         with _stages.collecting() as stages:
             value, grads = vg(*args, **kwargs)
-        _stages.hand_on([g for _, g in tree_flatten(grads)], stages)
+        # Registered with the value too: an eager step that hands the gradients to
+        # an optimizer is evaluated through its loss and the updated state.
+        _stages.hand_on([a for _, a in tree_flatten([value, grads]) if isinstance(a, mx.array)], stages)
         return value, grads
 
     return wrapped

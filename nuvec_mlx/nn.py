@@ -11,39 +11,43 @@ it unchecked.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.nn as nn
 
-from . import _pytree, _validate
+from . import _pytree, _validate, policies
 from .checkpoint import checkpoint_flat
 
-_subclasses: dict[type, type] = {}
+_subclasses: dict[tuple[type, Callable | None], type] = {}
 
 
-def _checkpointed_class(cls: type) -> type:
-    """The cached subclass of ``cls`` whose ``__call__`` runs checkpointed."""
-    if cls not in _subclasses:
+def _checkpointed_class(cls: type, policy: policies.Policy | None = None) -> type:
+    """The cached subclass of ``cls`` whose ``__call__`` runs checkpointed with ``policy``."""
+    if (cls, policy) not in _subclasses:
+        transform = functools.partial(checkpoint_flat, policy=policy)
+
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
             # The original __call__, bound: self and what its code reaches are captured.
-            return _pytree.call_flat(checkpoint_flat, cls.__call__.__get__(self), args, kwargs)
+            body = policies.offering_layers(cls.__call__.__get__(self), policy)
+            return _pytree.call_flat(transform, body, args, kwargs)
 
         def __reduce_ex__(self, protocol: int) -> tuple:
             # Pickled by reference to the original class (the subclass is made at
             # run time, pickle could not find it), and checkpointed again on load.
-            return (_new_checkpointed, (cls,), *object.__reduce_ex__(self, protocol)[2:])
+            return (_new_checkpointed, (cls, policy), *object.__reduce_ex__(self, protocol)[2:])
 
-        _subclasses[cls] = type(cls.__name__, (cls,), {
+        _subclasses[(cls, policy)] = type(cls.__name__, (cls,), {
             "__call__": __call__, "__reduce_ex__": __reduce_ex__, "_nuvec_original_class": cls,
             "__module__": cls.__module__, "__qualname__": cls.__qualname__})
-    return _subclasses[cls]
+    return _subclasses[(cls, policy)]
 
 
-def _new_checkpointed(cls: type) -> nn.Module:
+def _new_checkpointed(cls: type, policy: policies.Policy | None = None) -> nn.Module:
     """An empty checkpointed instance of ``cls``, for pickle and copy to fill."""
-    sub = _checkpointed_class(cls)
+    sub = _checkpointed_class(cls, policy)
     return sub.__new__(sub)
 
 
@@ -69,15 +73,21 @@ def is_checkpointed(module: nn.Module) -> bool:
     return "_nuvec_original_class" in type(module).__dict__
 
 
-def checkpoint_module(module: nn.Module, enable: bool = True) -> nn.Module:
+def checkpoint_module(
+    module: nn.Module, enable: bool = True, policy: policies.Policy | None = None
+) -> nn.Module:
     """Checkpoint one module instance (in place); ``enable=False`` undoes it.
 
     Its trainable parameters are primals of the checkpoint; frozen ones are
-    constants (so LoRA adapters on frozen weights train as usual).
+    constants (so LoRA adapters on frozen weights train as usual). A module
+    checkpointed again with another policy takes the new one.
 
     Args:
         module: an ``mlx.nn.Module`` instance.
         enable: wrap (True) or unwrap (False).
+        policy: which forward values to keep rather than recompute
+            (:mod:`nuvec_mlx.policies`; the outputs of its ``nn.Linear``
+            layers, named values); ``None`` keeps none.
 
     Returns:
         ``module`` itself.
@@ -87,17 +97,34 @@ def checkpoint_module(module: nn.Module, enable: bool = True) -> nn.Module:
 
     Example:
         >>> nv.checkpoint_module(model.layers[0])
+        >>> nv.checkpoint_module(model.layers[1], policy=nv.policies.save_matmuls)
     """
     _validate.check_module(module, "module")
     _validate.check_bool(enable, "enable")
-    if enable and not is_checkpointed(_check_has_call(module, "module")):
-        module.__class__ = _checkpointed_class(type(module))
-    elif not enable and is_checkpointed(module):
-        module.__class__ = type(module).__dict__["_nuvec_original_class"]
+    policy = policies.check_policy(policy)
+    cls = type(module).__dict__.get("_nuvec_original_class", type(module))
+    if enable:
+        _check_has_call(module, "module")
+    module.__class__ = _checkpointed_class(cls, policy) if enable else cls
     return module
 
 
-def _find_layers(model: nn.Module, layers: Any) -> list[nn.Module]:
+def find_layers(model: nn.Module, layers: Any = None) -> list[nn.Module]:
+    """The blocks ``layers`` names in ``model``, as :func:`checkpoint_layers` takes them.
+
+    Args:
+        model: the model.
+        layers: ``None`` (``model.layers`` or ``model.model.layers``), a list of
+            modules, or a predicate ``module -> bool`` over ``model``'s modules.
+
+    Returns:
+        The blocks, each checked to be an ``nn.Module``.
+    """
+    _validate.check_module(model, "model")
+    return [_validate.check_module(b, f"layers[{i}]") for i, b in enumerate(_blocks(model, layers))]
+
+
+def _blocks(model: nn.Module, layers: Any) -> list[nn.Module]:
     if layers is None:
         for owner in (model, getattr(model, "model", None)):
             found = getattr(owner, "layers", None)
@@ -117,7 +144,8 @@ def _find_layers(model: nn.Module, layers: Any) -> list[nn.Module]:
 
 
 def checkpoint_layers(
-    model: nn.Module, layers: Any = None, every: int = 1, enable: bool = True
+    model: nn.Module, layers: Any = None, every: int = 1, enable: bool = True,
+    policy: policies.Policy | None = None,
 ) -> int:
     """Checkpoint (or, with ``enable=False``, un-checkpoint) a model's blocks.
 
@@ -127,10 +155,11 @@ def checkpoint_layers(
             modules, or a predicate ``module -> bool`` over ``model``'s modules.
         every: wrap every ``every``-th block (0, every, 2*every, ...).
         enable: wrap (True) or unwrap (False).
+        policy: as for :func:`checkpoint_module`.
 
     Returns:
-        How many blocks were wrapped (or unwrapped): blocks whose ``__call__``
-        now runs checkpointed.
+        How many blocks were wrapped, took another policy, or were unwrapped:
+        blocks whose ``__call__`` now runs checkpointed (or no longer does).
 
     Raises:
         TypeError: a block to wrap defines no ``__call__`` (nothing calls it
@@ -143,20 +172,20 @@ def checkpoint_layers(
     _validate.check_module(model, "model")
     _validate.check_int(every, "every", minimum=1)
     _validate.check_bool(enable, "enable")
-    blocks = [_validate.check_module(b, f"layers[{i}]") for i, b in enumerate(_find_layers(model, layers))]
-    count = 0
+    policy = policies.check_policy(policy)
+    blocks = find_layers(model, layers)
     for i, block in enumerate(blocks):
         if enable and i % every == 0:
             _check_has_call(block, f"layers[{i}]")  # before any block is wrapped
-    for i, block in enumerate(blocks):
-        if i % every == 0 and is_checkpointed(block) != enable:
-            checkpoint_module(block, enable)
-            count += 1
+    count = 0
+    for block in blocks[::every]:
+        before = type(block)
+        count += type(checkpoint_module(block, enable, policy)) is not before
     return count
 
 
 def checkpoint_sequential(
-    layers: Sequence[Callable], segments: int | str = "sqrt"
+    layers: Sequence[Callable], segments: int | str = "sqrt", policy: policies.Policy | None = None
 ) -> Callable[[Any], Any]:
     """Run ``layers`` in sequence as ``segments`` checkpointed segments.
 
@@ -164,6 +193,7 @@ def checkpoint_sequential(
         layers: modules (or functions) applied one after another.
         segments: number of segments, or ``"sqrt"`` for ceil(sqrt(len(layers)))
             (Chen et al. 2016).
+        policy: as for :func:`checkpoint_module`.
 
     Returns:
         ``run(x) -> y`` equal to applying the layers in turn.
@@ -188,10 +218,12 @@ def checkpoint_sequential(
     if isinstance(segments, str):
         raise ValueError(f"segments must be 'sqrt' or an int, got {segments!r}")
     _validate.check_int(segments, "segments", minimum=1)
+    policy = policies.check_policy(policy)
     if segments > n:
         raise ValueError(f"segments must be at most the {n} layers, got {segments}")
     size = math.ceil(n / segments)
     groups = [layers[i:i + size] for i in range(0, n, size)]
+    transform = functools.partial(checkpoint_flat, policy=policy)
 
     def run(x: Any) -> Any:
         for group in groups:
@@ -199,7 +231,7 @@ def checkpoint_sequential(
                 for layer in group:
                     h = layer(h)
                 return h
-            x = _pytree.call_flat(checkpoint_flat, seg, (x,), {})  # seg reaches its layers
+            x = _pytree.call_flat(transform, policies.offering_layers(seg, policy), (x,), {})  # seg reaches its layers
         return x
 
     return run

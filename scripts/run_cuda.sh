@@ -23,13 +23,18 @@
 #               grad_checkpoint, nuvec; peak against length and the largest length in 16 GiB
 #   train-moe   the same on the MoE (qwen3_moe, 8 experts, top 2, same sizes)
 #   train       both (longer than one device call: run the halves where calls are limited)
+#   plan        the planner's budget sweep (benchmarks/plan_sweep.py --suite full) on the MLP and the
+#               transformer: plans from the smallest reachable peak to the unchecked one, against every
+#               block, every 2nd and sqrt(n) segments checkpointed
+#   plan-llama  the same on a random-weight mlx-lm Llama (hidden 2048, 16 layers, seq 2048, batch 4):
+#               needs mlx-lm, a pure-Python wheel, in $WHEELS beside MLX's (pip download mlx-lm --no-deps)
 #   all         every part but the train parts, each whether or not the one before failed, then OUTDIR packed into
 #               OUTDIR.tgz (the device returns at most 8 files: keep OUTDIR outside the folder
 #               that comes back and copy OUTDIR.tgz into it)
 # A part that fails says so at the end of its log and on the console; the others still run, and
 # the script's exit status is 1 if any part failed.
 set -uo pipefail
-usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|mlx-graphs|budgets|budget0|train|train-llama|train-moe|all"
+usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|mlx-graphs|budgets|budget0|train|train-llama|train-moe|plan|plan-llama|all"
 out=${1:?$usage}
 part=${2:?$usage}
 # The machine's paths, each overridable from the environment.
@@ -85,6 +90,8 @@ part_budgets() {
   sweep --repeats 9 --budgets inf,0,16,64,256 --out "$out/budgets" &&
     sweep --weight-grads --repeats 9 --budgets inf,0,16,64,256 --out "$out/budgets"
 }
+part_plan() { $PY -m nuvec_mlx_bench.plan_sweep --suite full --models mlp,transformer --out "$out/plan"; }
+part_plan_llama() { $PY -m nuvec_mlx_bench.plan_sweep --suite full --models llama --out "$out/plan-llama"; }
 part_budget0() {
   bench --suite full --models mlp --weight-grads off --budget 0 --strategies none,none-policy,nuvec \
     --peers none --out "$out/budget0"
@@ -114,10 +121,10 @@ run_part() {  # run_part NAME: the part's output into its log; a failure is said
 }
 
 case $part in
-  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|mlx-graphs|budgets|budget0|train|train-llama|train-moe)
+  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|mlx-graphs|budgets|budget0|train|train-llama|train-moe|plan|plan-llama)
     run_part "$part" ;;
   all)
-    for p in suite mlx-graphs budgets budget0; do run_part "$p"; done
+    for p in suite mlx-graphs budgets budget0 plan plan-llama; do run_part "$p"; done
     tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")" && echo "packed $out into $out.tgz"
     ;;
   *) echo "$usage" >&2; exit 2 ;;

@@ -90,3 +90,15 @@ def data_folder(folder, rows: int = 8, seed: int = 0):
                  for _ in range(n)]
         (folder / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
     return folder
+
+
+def tiny_llama(layers: int = 4, hidden: int = 64, vocab: int = 256, seed: int = 0):
+    """A random-weight mlx-lm Llama (4 heads, 2 of them key/value), evaluated."""
+    from mlx_lm.models import llama
+
+    mx.random.seed(seed)
+    model = llama.Model(llama.ModelArgs(
+        model_type="llama", hidden_size=hidden, num_hidden_layers=layers, intermediate_size=2 * hidden,
+        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=vocab))
+    mx.eval(model.parameters())
+    return model

@@ -506,3 +506,45 @@ def test_budget_sweep_rejects_what_it_cannot_run(capsys, argv, message):
     with pytest.raises(SystemExit):
         budget_sweep.parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model", ["mlp", "transformer"])
+def test_the_modules_compute_the_workloads_loss_and_weight_gradients(model):
+    from mlx.utils import tree_flatten
+
+    from nuvec_mlx_bench import modules
+
+    w = Workload(model, batch=2, dim=16, blocks=2, seq=8 if model == "transformer" else 1, weight_grads=True)
+    sc = workloads.build("none", w)
+    flat = sc.step(sc.inputs)
+    module, x = modules.build(w)
+    value, grads = nv.value_and_grad(module, modules.loss)(module, x)
+    assert_close(value, flat[-1], 1e-5)
+    # nn.Linear holds the transposed weight: its gradient is the transpose of the flat one's.
+    ours = [g.T for _, g in tree_flatten(grads)]
+    assert_close(ours, flat[: len(ours)], 1e-5)
+
+
+@pytest.mark.parametrize("rule", ["every block", "every 2nd", "sqrt(n) segments", "every block, save_matmuls", "none"])
+def test_every_fixed_rule_of_the_plan_sweep_computes_the_same_step(rule, compiled):
+    from nuvec_mlx_bench import modules, plan_sweep
+
+    model, loss, x = plan_sweep.build("mlp", dict(batch=8, dim=16, blocks=5))
+    blocks = list(model.layers)
+    reference = nv.value_and_grad(model, loss)(model, x)[0]
+    step, finish = plan_sweep.case(model, loss, x, blocks, rule)
+    value, _ = step()
+    finish(value)
+    assert_close(value, reference, 1e-6)
+    checkpointed = [b for b in model.layers if nv.is_checkpointed(b)]
+    assert len(checkpointed) == {"every block": 5, "every 2nd": 3, "sqrt(n) segments": 3, "none": 0}.get(rule, 5)
+    plan_sweep.setup(blocks, "none")(model)
+    assert model.layers == blocks and not any(nv.is_checkpointed(b) for b in blocks)
+
+
+@pytest.mark.parametrize("argv", [["--models", "gpt"], ["--budgets", "1"], ["--repeats", "0"]])
+def test_the_plan_sweep_rejects_what_it_cannot_run(argv):
+    from nuvec_mlx_bench import plan_sweep
+
+    with pytest.raises(SystemExit):
+        plan_sweep.parse_args(argv)

@@ -1,5 +1,6 @@
 """nv.memory.ceiling: a staged evaluation stops at the first stage above it, and the step's state is put back."""
 
+import gc
 import re
 
 import mlx.core as mx
@@ -25,6 +26,7 @@ class Blocks(nn.Module):
 
 
 def training_step():
+    gc.collect()  # an earlier test's compiled step (a reference cycle) must not be freed mid-test
     mx.random.seed(0)
     model = Blocks()
     nv.checkpoint_layers(model)
@@ -80,3 +82,41 @@ def test_a_ceiling_that_is_not_bytes_raises(nbytes, error):
     with pytest.raises(error, match="nbytes"):
         with nv.memory.ceiling(nbytes):
             pass
+
+
+def test_after_a_stop_the_same_ceiling_lets_a_smaller_step_run(compiled):
+    model, opt, state, step = training_step()
+    x = mx.random.normal((1024, 64))
+    nv.eval(step(x), state)
+    with nv.memory.timeline() as t:
+        nv.eval(step(x), state)
+    ceiling = int(mx.get_active_memory() + 0.5 * (t.peak().peak - mx.get_active_memory()))
+    with nv.memory.ceiling(ceiling):
+        for batch in (1024, 64):  # a training loop that halves its batch on MemoryError, say
+            try:
+                nv.eval(step(x[:batch]), state)
+            except MemoryError:
+                assert batch == 1024
+                continue
+            assert batch == 64
+
+
+def test_an_eager_step_evaluated_within_the_ceiling_before_its_update_leaves_the_state(compiled):
+    model, opt, state, _ = training_step()
+    vg = nv.value_and_grad(model, lambda m, x: (m(x) ** 2).mean())
+    x = mx.random.normal((1024, 64))
+    with nv.memory.timeline() as t:
+        nv.eval(vg(model, x))
+    ceiling = int(mx.get_active_memory() + 0.5 * (t.peak().peak - mx.get_active_memory()))
+    before = values([model.parameters(), opt.state])
+    with nv.memory.ceiling(ceiling):
+        loss, grads = vg(model, x)
+        with pytest.raises(MemoryError, match="above the ceiling"):
+            nv.eval(loss, grads)  # the update comes after, so nothing was changed
+        assert values([model.parameters(), opt.state]) == before
+        del loss, grads
+        loss, grads = vg(model, x[:64])
+        nv.eval(loss, grads)
+        opt.update(model, grads)
+        nv.eval(model.parameters(), opt.state)
+    assert values([model.parameters(), opt.state]) != before

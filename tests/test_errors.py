@@ -205,6 +205,60 @@ CATALOGUE = [
      ValueError, r"^model must have its blocks in model.layers \(a list, as mlx-lm's models have\)$"),
     ("mlx_lm.main: argv a string", lambda: nvlm.main("--train"),
      TypeError, r"^argv must be a list of str, got str$"),
+    ("memory.ceiling: a fraction", lambda: enter(nv.memory.ceiling(1.5)),
+     TypeError, r"^nbytes must be an int, got float \(1.5\)$"),
+    ("memory.timeline: the peak of an empty timeline", lambda: nv.memory.Timeline().peak(),
+     ValueError, r"^the timeline holds no readings: no nv.eval ran inside it$"),
+    # policies, checkpoint_name
+    ("checkpoint_name: x not an array", lambda: nv.checkpoint_name(1.0, "h"),
+     TypeError, r"^x must be an mlx.core.array, got float$"),
+    ("checkpoint_name: an empty name", lambda: nv.checkpoint_name(a, ""),
+     ValueError, r"^name must be a non-empty str, got ''$"),
+    ("checkpoint_name: a name not a str", lambda: nv.checkpoint_name(a, 3),
+     TypeError, r"^name must be a str, got int$"),
+    ("policies.save_names: a name not a str", lambda: nv.policies.save_names("a", 3),
+     TypeError, r"^names\[1\] must be a str, got int$"),
+    ("checkpoint_flat: policy not callable", lambda: nv.checkpoint_flat(total, policy="matmuls"),
+     TypeError, r"^policy must be a function of a nuvec_mlx.policies.Saveable \(or None\), got str$"),
+    ("checkpoint: policy not callable", lambda: nv.checkpoint(total, policy=1),
+     TypeError, r"^policy must be a function of a nuvec_mlx.policies.Saveable \(or None\), got int$"),
+    ("checkpoint_module: policy not callable", lambda: nv.checkpoint_module(nn.Linear(2, 2), policy=[]),
+     TypeError, r"^policy must be a function .*, got list$"),
+    # plan
+    ("plan: model not a module", lambda: nv.plan(total, total, a, 1 << 20),
+     TypeError, r"^model must be an mlx.nn.Module, got function$"),
+    ("plan: loss_fn not callable", lambda: nv.plan(nn.Linear(2, 2), None, a, 1 << 20),
+     TypeError, r"^loss_fn must be callable, got NoneType$"),
+    ("plan: batch holds no array", lambda: nv.plan(nn.Linear(2, 2), total, [1.0, 2.0], 1 << 20),
+     TypeError, r"^batch must be an mlx.core.array or a tuple of the loss's arguments holding arrays, got list$"),
+    ("plan: budget zero", lambda: nv.plan(nn.Linear(2, 2), total, a, 0),
+     ValueError, r"^budget must be >= 1, got 0$"),
+    ("plan: budget a float", lambda: nv.plan(nn.Linear(2, 2), total, a, 1e9),
+     TypeError, r"^budget must be an int, got float \(1000000000.0\)$"),
+    ("plan: optimizer not an optimizer", lambda: nv.plan(nn.Linear(2, 2), total, a, 1 << 20, optimizer="adam"),
+     TypeError, r"^optimizer must be an mlx.optimizers.Optimizer or None, got str$"),
+    ("plan: no policies", lambda: nv.plan(nn.Linear(2, 2), total, a, 1 << 20, policies=[]),
+     ValueError, r"^policies must name at least one checkpoint policy, got none$"),
+    ("plan: policies a string", lambda: nv.plan(nn.Linear(2, 2), total, a, 1 << 20, policies="save_matmuls"),
+     TypeError, r"^policies must be a sequence of checkpoint policies, got str$"),
+    ("plan: corrections negative", lambda: nv.plan(nn.Linear(2, 2), total, a, 1 << 20, corrections=-1),
+     ValueError, r"^corrections must be >= 0, got -1$"),
+    ("plan: a model without blocks", lambda: nv.plan(nn.Linear(2, 2), total, a, 1 << 20),
+     ValueError, r"^layers=None expects model.layers or model.model.layers"),
+    # largest_fit
+    ("largest_fit: make_batch not callable", lambda: nv.largest_fit(nn.Linear(2, 2), total, 4, 1 << 20),
+     TypeError, r"^make_batch must be callable, got int$"),
+    ("largest_fit: one size", lambda: nv.largest_fit(nn.Linear(2, 2), total, total, 1 << 20, sizes=(4,)),
+     ValueError, r"^sizes must hold at least two increasing sizes, got \[4\]$"),
+    ("largest_fit: multiple zero", lambda: nv.largest_fit(nn.Linear(2, 2), total, total, 1 << 20, multiple=0),
+     ValueError, r"^multiple must be >= 1, got 0$"),
+    ("largest_fit: tolerance above 1", lambda: nv.largest_fit(nn.Linear(2, 2), total, total, 1 << 20, tolerance=2),
+     ValueError, r"^tolerance must be a number between 0 and 1, got 2$"),
+    # saved_activations
+    ("saved_activations: model not a module", lambda: nv.saved_activations(3, total, a),
+     TypeError, r"^model must be an mlx.nn.Module, got int$"),
+    ("saved_activations: policy not callable", lambda: nv.saved_activations(nn.Linear(2, 2), total, a, policy=2),
+     TypeError, r"^policy must be a function .*, got int$"),
 ]
 
 
@@ -215,9 +269,11 @@ def test_misuse_raises_a_precise_error(misuse, error, match):
     assert type(info.value) is error
 
 
-PUBLIC = [*(n for n in nv.__all__ if n not in ("memory", "Compiled", "CompiledFlat")),
+PUBLIC = [*(n for n in nv.__all__ if n not in ("memory", "policies", "Compiled", "CompiledFlat", "Fit", "Plan",
+                                                "SavedActivations")),
           *(f"memory.{n}" for n in nv.memory.__all__ if n[0].islower()),
-          *(f"mlx_lm.{n}" for n in nvlm.__all__ if n[0].islower())]
+          *(f"mlx_lm.{n}" for n in nvlm.__all__ if n[0].islower()),
+          "policies.save_names"]
 
 
 @pytest.mark.parametrize("name", PUBLIC)

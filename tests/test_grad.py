@@ -69,3 +69,20 @@ def test_non_array_inputs_raise():
 def test_non_callable_loss_raises():
     with pytest.raises(TypeError, match="loss must be callable"):
         nv.value_and_grad_flat("loss", 0)
+
+
+def test_an_eager_step_that_updates_a_model_is_staged_through_its_loss():
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+
+    model = nn.Sequential(*(nn.Linear(16, 16) for _ in range(3)))
+    model.layers = list(model.layers)
+    nv.checkpoint_layers(model)
+    opt = optim.SGD(0.1)
+    x = mx.ones((4, 16))
+    loss, grads = nv.value_and_grad(model, lambda m, x: (m(x) ** 2).sum())(model, x)
+    opt.update(model, grads)
+    del grads  # the optimizer consumed them: only the loss and the model's new state are left
+    with nv.memory.timeline() as t:
+        nv.eval(loss, model.parameters())
+    assert [r.kind for r in t.readings] == ["forward"] * 3 + ["backward"] * 3 + ["outputs"]

@@ -1,0 +1,52 @@
+"""Will it fit? A plan, the saved activations and the largest sequence for a small mlx-lm Llama.
+
+    python examples/know_before_you_run.py [OUT_DIR]     # default benchmarks/results/cpu/plan/example
+
+An 8-layer Llama (hidden 128, random weights), full fine-tuning with AdamW,
+batches of 2 x 256 tokens. Prints the plan for a budget between the smallest
+peak it can reach and the unchecked one, block 0 of the saved-activations
+report, and the longest sequence that fits the same budget; writes the plan
+and the report as JSON.
+"""
+
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+from mlx_lm.models import llama
+
+import nuvec_mlx as nv
+
+MiB = 1 << 20
+
+
+def main(out: Path) -> None:
+    mx.random.seed(0)
+    model = llama.Model(llama.ModelArgs(
+        model_type="llama", hidden_size=128, num_hidden_layers=8, intermediate_size=512,
+        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=4096))
+    tokens = mx.random.randint(0, 4096, (2, 2049), key=mx.random.key(1))
+    mx.eval(model.parameters(), tokens)
+    loss_fn = lambda m, x: nn.losses.cross_entropy(m(x[:, :-1]), x[:, 1:]).mean()  # noqa: E731
+    batch, opt = tokens[:, :257], optim.AdamW(1e-4)
+
+    first = nv.plan(model, loss_fn, batch, budget=1 << 40, optimizer=opt)
+    budget = int(first.smallest + 0.4 * (first.unchecked - first.smallest)) // MiB * MiB
+    plan = first.replan(budget)
+    print(plan)
+    report = nv.saved_activations(model, loss_fn, batch, policy=nv.policies.save_matmuls, measure=True)
+    print("\n" + str(report).split("\nblock 1 ")[0])
+    print("...\n" + str(report).splitlines()[-1])
+    fit = nv.largest_fit(model, loss_fn, lambda t: tokens[:, : t + 1], budget, sizes=(64, 128, 256),
+                         multiple=16, optimizer=opt)
+    print("\nlongest sequence: " + str(fit))
+    out.mkdir(parents=True, exist_ok=True)
+    plan.save_json(out / "plan.json")
+    report.save_json(out / "saved_activations.json")
+    plan.apply()  # the blocks are now checkpointed as planned, for the training loop
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/cpu/plan/example"))

@@ -1,0 +1,136 @@
+"""Trial steps: a model's training step run to be measured, and everything put back after.
+
+The planner and the saved-activations report measure the step a user runs:
+the loss and gradients of the model's trainable parameters
+(:func:`nuvec_mlx.value_and_grad`), the optimizer's update when there is one,
+compiled with :func:`nuvec_mlx.compile` (unless told otherwise) and evaluated
+with :func:`nuvec_mlx.eval`. A trial leaves no trace: the model's parameters,
+the optimizer's state, MLX's random key, and the checkpoint wrapping of the
+blocks are put back as they were, also when a step raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import dataclasses
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+from mlx.utils import tree_map
+
+from . import _pytree, _random, memory
+from .compile import compile as nv_compile
+from .evaluate import eval as nv_eval
+from .grad import value_and_grad
+from .nn import checkpoint_module
+
+#: A block that is not wrapped at all (every other mode is a checkpoint policy).
+PLAIN = "plain"
+
+
+@dataclasses.dataclass(frozen=True)
+class Reading:
+    """One measured step: the memory after each stage, and its time."""
+
+    start: int  # active memory when the evaluation began (weights, optimizer state, batch)
+    peak: int  # the highest active memory during it
+    seconds: float  # from the step's call to the end of its evaluation
+    stages: list  # nv.memory.Reading per stage
+
+
+def as_batch(batch: Any) -> tuple:
+    """The positional arguments a batch stands for: an array alone, or a tuple or list of them."""
+    if isinstance(batch, (tuple, list)):
+        return tuple(batch)
+    return (batch,)
+
+
+class Trial:
+    """Runs and measures one model's training step; :meth:`restoring` puts everything back.
+
+    Args:
+        model: the model; ``blocks`` are the modules the modes apply to.
+        loss_fn: ``loss_fn(model, *batch)``, as :func:`mlx.nn.value_and_grad` takes.
+        optimizer: updates the model in the step, when given.
+        compiled: compile the step with :func:`nuvec_mlx.compile`.
+    """
+
+    def __init__(self, model: nn.Module, loss_fn: Callable, blocks: Sequence[nn.Module],
+                 optimizer: optim.Optimizer | None = None, compiled: bool = True):
+        self.model, self.loss_fn, self.blocks = model, loss_fn, list(blocks)
+        self.optimizer, self.compiled = optimizer, compiled
+
+    @contextlib.contextmanager
+    def restoring(self) -> Iterator[None]:
+        """Inside, steps may run; after, the model, optimizer, random key and block wrapping are as before."""
+        parameters = tree_map(lambda a: a, self.model.parameters())
+        opt_state = tree_map(lambda a: a, self.optimizer.state) if self.optimizer is not None else None
+        key, classes = _random.key(), [type(b) for b in self.blocks]
+        try:
+            if self.optimizer is not None:
+                self.optimizer.init(self.model.trainable_parameters())
+                mx.eval(self.optimizer.state)
+            yield
+        finally:
+            self.model.update(parameters)
+            if self.optimizer is not None:
+                self.optimizer.state = opt_state
+            _random.set_key(key)
+            for block, cls in zip(self.blocks, classes):
+                block.__class__ = cls
+            gc.collect()
+
+    def set_modes(self, modes: Sequence[Any]) -> None:
+        """Wrap each block as its mode says: :data:`PLAIN`, or checkpointed with that policy."""
+        for block, mode in zip(self.blocks, modes):
+            plain = isinstance(mode, str) and mode == PLAIN
+            checkpoint_module(block, enable=not plain, policy=None if plain else mode)
+
+    def _step(self) -> Callable:
+        vg = value_and_grad(self.model, self.loss_fn)
+        state: list = [self.model.state, mx.random.state]
+        if self.optimizer is not None:
+            state.append(self.optimizer.state)
+
+        def step(*batch: Any) -> Any:
+            loss, grads = vg(self.model, *batch)
+            if self.optimizer is None:
+                return loss, grads
+            self.optimizer.update(self.model, grads)
+            return loss
+
+        if self.compiled:
+            return nv_compile(step, inputs=state, outputs=state), state
+        return step, state
+
+    def measure(self, batch: Any, steps: int = 2) -> list[Reading]:
+        """Run ``steps`` steps on ``batch`` (a fresh trace: the modes may have changed); their readings.
+
+        Every step starts from the same parameters, optimizer state and random
+        key, and they are put back after the last. The first step also traces
+        the step and compiles its kernels: its memory counts, its time does not.
+        """
+        gc.collect()  # an earlier compiled step (a reference cycle) may still hold arrays
+        step, state = self._step()
+        args = as_batch(batch)
+        undo = _pytree.snapshot(state)
+        readings = []
+        try:
+            for _ in range(steps):
+                with memory.measure() as m, memory.timeline() as t:
+                    begin = time.perf_counter()
+                    out = step(*args)
+                    nv_eval(out, state)
+                    mx.synchronize()
+                    seconds = time.perf_counter() - begin
+                del out
+                undo()
+                readings.append(Reading(m.start, max(r.peak for r in t.readings), seconds, t.readings))
+        finally:
+            undo()
+        return readings

@@ -1,0 +1,199 @@
+"""The largest batch or sequence length whose step fits a memory budget: measured, extrapolated, verified.
+
+:func:`largest_fit` measures the step's peak at a few small sizes, fits
+``peak(size) = a + b·size + c·size²`` through the three measured sizes nearest
+the budget (activations grow linearly with the batch, attention scores with
+the square of the sequence), solves it for the budget, and measures the step
+at the answer. Each measurement narrows the bracket between the largest size
+measured to fit and the smallest measured not to, and refits, until the
+bracket is within ``tolerance`` of the answer (or ``tries`` runs out). The
+answer is always a size that was measured to fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import mlx.nn as nn
+import mlx.optimizers as optim
+from tqdm import tqdm
+
+from . import _trial, _validate, policies
+from .nn import find_layers
+
+MiB = 1 << 20
+
+
+@dataclasses.dataclass
+class Fit:
+    """What :func:`largest_fit` found.
+
+    Attributes:
+        size: the largest size measured to fit (0 if none did).
+        budget: the budget, bytes.
+        predicted: the size the first extrapolation gave.
+        below: the smallest size measured not to fit (``None`` if none was).
+        peaks: every size measured and its peak, in the order measured.
+    """
+
+    size: int
+    budget: int
+    predicted: int
+    below: int | None
+    peaks: list[tuple[int, int]]
+
+    def __str__(self) -> str:
+        lines = [f"largest size that fits {self.budget / MiB:.1f} MiB: {self.size} "
+                 f"(first extrapolation {self.predicted}; "
+                 + (f"{self.below} measured not to fit)" if self.below else "no size measured not to fit)"),
+                 f"{'size':>8} {'peak MiB':>9} fits"]
+        lines += [f"{s:>8} {p / MiB:>9.1f} {'yes' if p <= self.budget else 'no'}" for s, p in self.peaks]
+        return "\n".join(lines)
+
+
+def _quadratic(points: Sequence[tuple[int, int]]) -> Callable[[float], float]:
+    """The parabola through three (size, peak) points, or the line through the last two when the
+    parabola would bend down (fewer points: a line, or a constant)."""
+    pts = sorted(points)[-3:]
+    if len(pts) == 1:
+        return lambda s: pts[0][1] * s / pts[0][0]
+    if len(pts) == 3:
+        (x0, y0), (x1, y1), (x2, y2) = pts
+        c = ((y2 - y1) / (x2 - x1) - (y1 - y0) / (x1 - x0)) / (x2 - x0)
+        if c >= 0:
+            b = (y1 - y0) / (x1 - x0) - c * (x0 + x1)
+            a = y0 - b * x0 - c * x0 * x0
+            return lambda s: a + b * s + c * s * s
+    (x0, y0), (x1, y1) = pts[-2:]
+    slope = (y1 - y0) / (x1 - x0)
+    return lambda s: y1 + slope * (s - x1)
+
+
+def solve(points: Sequence[tuple[int, int]], budget: int, multiple: int) -> int:
+    """The largest multiple of ``multiple`` whose fitted peak is at most ``budget`` (at most 4x
+    the largest size in ``points``).
+
+    Example:
+        >>> solve([(1, 110), (2, 120), (4, 140)], budget=200, multiple=1)
+        10
+    """
+    model = _quadratic(points)
+    top = max(s for s, _ in points)
+    if model(top) > budget:  # the fit already overshoots: search below
+        hi, lo = top, 0
+    else:  # at most 4x the largest size measured: a flat fit says little about far sizes
+        lo, hi = top, top * 2
+        while model(hi) <= budget and hi < top * 4:
+            lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if model(mid) <= budget else (lo, mid)
+    return lo // multiple * multiple
+
+
+def largest_fit(
+    model: nn.Module,
+    loss_fn: Callable,
+    make_batch: Callable[[int], Any],
+    budget: int,
+    *,
+    sizes: Sequence[int] = (1, 2, 4),
+    multiple: int = 1,
+    optimizer: optim.Optimizer | None = None,
+    layers: Any = None,
+    checkpoint: bool = True,
+    compile: bool = True,
+    tolerance: float = 0.02,
+    tries: int = 6,
+    progress: bool = True,
+) -> Fit:
+    """The largest batch or sequence length (``size``) whose training step fits ``budget``.
+
+    The step is :func:`nuvec_mlx.plan`'s: the loss and gradients of
+    ``model``'s trainable parameters and the optimizer's update if given,
+    compiled, evaluated with :func:`nuvec_mlx.eval`; with ``checkpoint`` (the
+    default) every block is checkpointed (policy ``save_nothing``), about the
+    smallest peak any plan reaches, so the answer is the largest size worth
+    planning for (run :func:`nuvec_mlx.plan` at it for the cheapest plan). The
+    model, the optimizer and MLX's random key are left as they were.
+
+    Args:
+        model, loss_fn, optimizer, layers, compile, progress: as for :func:`nuvec_mlx.plan`.
+        make_batch: ``size -> batch`` (the loss's arguments after the model).
+        budget: bytes of MLX memory the step may peak at.
+        sizes: the small sizes measured first (at least two, increasing).
+        multiple: the answer is a multiple of it (a sequence length of 64s, say).
+        checkpoint: measure with every block checkpointed; ``False`` measures the model as it is.
+        tolerance: stop once the largest size measured to fit is within this
+            fraction of the smallest measured not to.
+        tries: the most measurements after ``sizes``.
+
+    Returns:
+        A :class:`Fit`; ``print(fit)`` lists every size measured.
+
+    Example:
+        >>> fit = nv.largest_fit(model, loss_fn, lambda t: tokens[:, : t + 1], 12 << 30,
+        ...                      sizes=(256, 512, 1024), multiple=64)
+        >>> fit.size
+    """
+    _validate.check_module(model, "model")
+    _validate.check_callable(loss_fn, "loss_fn")
+    _validate.check_callable(make_batch, "make_batch")
+    _validate.check_int(budget, "budget", minimum=1)
+    _check_sizes(sizes)
+    _validate.check_int(multiple, "multiple", minimum=1)
+    if optimizer is not None and not isinstance(optimizer, optim.Optimizer):
+        raise TypeError(f"optimizer must be an mlx.optimizers.Optimizer or None, got {type(optimizer).__name__}")
+    _validate.check_bool(checkpoint, "checkpoint")
+    _validate.check_bool(compile, "compile")
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 < tolerance < 1:
+        raise ValueError(f"tolerance must be a number between 0 and 1, got {tolerance!r}")
+    _validate.check_int(tries, "tries", minimum=1)
+    _validate.check_bool(progress, "progress")
+    blocks = find_layers(model, layers)
+    trial = _trial.Trial(model, loss_fn, blocks, optimizer, compile)
+    peaks: list[tuple[int, int]] = []
+
+    def peak(size: int) -> int:
+        readings = trial.measure(make_batch(size))
+        peaks.append((size, max(r.peak for r in readings)))
+        bar.update()
+        return peaks[-1][1]
+
+    with trial.restoring(), tqdm(total=len(sizes) + tries, desc="nv.largest_fit", unit="size",
+                                 disable=not progress) as bar:
+        if checkpoint:
+            trial.set_modes([policies.save_nothing] * len(blocks))
+        for s in sizes:
+            peak(s)
+        fit = max((s for s, p in peaks if p <= budget), default=0)
+        below = min((s for s, p in peaks if p > budget), default=None)
+        predicted = solve(peaks, budget, multiple)
+        guess = predicted
+        for _ in range(tries):
+            close = max(multiple, math.ceil(tolerance * fit / multiple) * multiple)
+            if below is not None and below - fit <= close:
+                break
+            # Within the bracket; above the fit by `close` at least while nothing above failed.
+            guess = max(guess, fit + (multiple if below is not None else close))
+            if below is not None:
+                guess = min(guess, below - multiple)
+            if peak(guess) <= budget:
+                fit = guess
+            else:
+                below = guess
+            nearest = sorted(peaks, key=lambda sp: abs(sp[1] - budget))[:3]
+            guess = solve(nearest, budget, multiple)
+    return Fit(fit, budget, predicted, below, peaks)
+
+
+def _check_sizes(sizes: object) -> None:
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
+        raise TypeError(f"sizes must be a sequence of ints, got {type(sizes).__name__}")
+    for i, s in enumerate(sizes):
+        _validate.check_int(s, f"sizes[{i}]", minimum=1)
+    if len(sizes) < 2 or list(sizes) != sorted(set(sizes)):
+        raise ValueError(f"sizes must hold at least two increasing sizes, got {list(sizes)}")

@@ -1,0 +1,64 @@
+"""nv.largest_fit: the largest batch or sequence length that fits, within 5% of the measured largest."""
+
+import math
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import pytest
+
+import nuvec_mlx as nv
+from nuvec_mlx.fit import solve
+from tests.helpers import tiny_llama
+
+MiB = 1 << 20
+
+
+def test_solve_extrapolates_a_parabola_and_a_line():
+    assert solve([(1, 110), (2, 120), (4, 140)], budget=200, multiple=1) == 10  # a line: 100 + 10 s
+    assert solve([(16, 110), (32, 130), (64, 190)], budget=400, multiple=8) == 128  # curving up
+    assert solve([(10, 100), (20, 300)], budget=250, multiple=1) == 17  # above the largest measured size: below it
+
+
+def peak(model, loss_fn, batch, optimizer):
+    """The step's peak measured afresh as nv.largest_fit measures it (every block checkpointed,
+    compiled, nv.eval, the higher of two steps), by the harness it shares with nv.plan."""
+    from nuvec_mlx import _trial
+
+    trial = _trial.Trial(model, loss_fn, model.model.layers, optimizer)
+    with trial.restoring():
+        trial.set_modes([nv.policies.save_nothing] * len(trial.blocks))
+        return max(r.peak for r in trial.measure(batch))
+
+
+def test_the_largest_sequence_is_within_5_percent_of_the_measured_largest(compiled):
+    model = tiny_llama(layers=4)
+    tokens = mx.random.randint(0, 256, (2, 2049), key=mx.random.key(1))
+    loss_fn = lambda m, x: nn.losses.cross_entropy(m(x[:, :-1]), x[:, 1:]).mean()  # noqa: E731
+    make = lambda t: tokens[:, : t + 1]  # noqa: E731
+    opt = optim.Adam(1e-3)
+    budget = 24 * MiB
+    fit = nv.largest_fit(model, loss_fn, make, budget, sizes=(64, 128, 256), multiple=8, optimizer=opt,
+                         progress=False)
+    assert fit.size > 256 and all(p <= budget for s, p in fit.peaks if s == fit.size), str(fit)
+    assert fit.below is not None and fit.below - fit.size <= max(8, 0.02 * fit.size), str(fit)
+    # Measured afresh around the answer: 5% more does not fit, 5% less does.
+    assert peak(model, loss_fn, make(math.ceil(1.05 * fit.size)), opt) > budget
+    assert peak(model, loss_fn, make(math.floor(0.95 * fit.size)), opt) <= budget
+
+
+def test_the_largest_batch_of_the_benchmark_transformer(compiled):
+    from nuvec_mlx_bench import modules
+    from nuvec_mlx_bench.workload import Workload
+
+    model, x = modules.build(Workload("transformer", batch=64, dim=64, blocks=4, seq=64))
+    fit = nv.largest_fit(model, modules.loss, lambda b: x[:b], 16 * MiB, sizes=(2, 4, 8), progress=False)
+    assert 8 < fit.size < 64 and fit.below is not None and fit.below - fit.size <= max(1, 0.02 * fit.size)
+    assert [s for s, _ in fit.peaks[:3]] == [2, 4, 8] and "largest size that fits 16.0 MiB" in str(fit)
+
+
+@pytest.mark.parametrize("sizes, error", [((4,), ValueError), ((4, 2), ValueError), ((1, 2.0), TypeError),
+                                          ("12", TypeError)])
+def test_sizes_must_be_two_increasing_ints(sizes, error):
+    with pytest.raises(error, match="sizes"):
+        nv.largest_fit(nn.Linear(2, 2), lambda m, x: m(x).sum(), lambda s: mx.ones((s, 2)), 1 << 20, sizes=sizes)

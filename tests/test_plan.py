@@ -1,0 +1,113 @@
+"""nv.plan: the measured peak meets every budget from the plan's smallest to the unchecked peak."""
+
+import json
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import pytest
+from mlx.utils import tree_flatten
+
+import nuvec_mlx as nv
+from tests.helpers import assert_close, tiny_llama
+
+
+def llama_case():
+    model = tiny_llama(layers=8)  # with 4, one stage's run-to-run spread is 15% of the peak
+    x = mx.random.randint(0, 256, (2, 129), key=mx.random.key(0))
+    mx.eval(x)
+    return model, lambda m, x: nn.losses.cross_entropy(m(x[:, :-1]), x[:, 1:]).mean(), x, optim.Adam(1e-3)
+
+
+def bench_case(model_name):
+    from nuvec_mlx_bench import modules
+    from nuvec_mlx_bench.workload import Workload
+
+    w = (Workload("mlp", batch=256, dim=64, blocks=6) if model_name == "mlp"
+         else Workload("transformer", batch=2, dim=64, blocks=4, seq=128))
+    model, x = modules.build(w)
+    return model, modules.loss, x, None
+
+
+CASES = {"mlp": lambda: bench_case("mlp"), "transformer": lambda: bench_case("transformer"), "llama": llama_case}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def planned(request):
+    """A model and the plan for an unbounded budget (its measurements serve every replan)."""
+    model, loss_fn, x, opt = CASES[request.param]()
+    return model, loss_fn, x, opt, nv.plan(model, loss_fn, x, budget=1 << 40, optimizer=opt, progress=False)
+
+
+def test_every_budget_from_the_smallest_to_unchecked_is_met_as_predicted(planned, compiled):
+    model, _, _, _, first = planned
+    layers = getattr(model, "layers", None) or model.model.layers
+    before = [type(b) for b in layers], [(k, v.tolist()) for k, v in tree_flatten(model.parameters())]
+    assert first.smallest < first.unchecked
+    for k in range(4):
+        budget = int(first.smallest + k * (first.unchecked - first.smallest) / 3)
+        plan = first.replan(budget)
+        assert plan.fits and plan.measured <= budget, str(plan)
+        assert abs(plan.measured / plan.predicted - 1) <= 0.10, str(plan)
+    after = [type(b) for b in layers], [(k, v.tolist()) for k, v in tree_flatten(model.parameters())]
+    assert after == before, "planning changed the model"
+
+
+def test_a_budget_below_the_smallest_reachable_peak_is_refused_with_that_peak(planned, compiled):
+    *_, first = planned
+    plan = first.replan(int(0.8 * first.smallest))
+    assert not plan.fits and plan.measured > plan.budget
+    assert plan.measured <= 1.1 * first.smallest
+    assert "DOES NOT FIT" in str(plan) and "no plan fits" in str(plan)
+
+
+def test_apply_checkpoints_the_blocks_as_planned_with_the_unchecked_gradients(compiled):
+    model, loss_fn, x, _ = bench_case("transformer")
+    reference = nv.value_and_grad(model, loss_fn)(model, x)[1]
+    mx.eval(reference)
+    first = nv.plan(model, loss_fn, x, budget=1 << 40, progress=False)
+    plan = first.replan(int((first.smallest + first.unchecked) / 2))
+    assert not any(nv.is_checkpointed(b) for b in model.layers)
+    plan.apply()
+    assert [nv.is_checkpointed(b) for b in model.layers] == [m != "plain" for m in plan.modes]
+    assert {"save_matmuls", "save_nothing", "save_everything"} >= set(plan.modes)
+    grads = nv.value_and_grad(model, loss_fn)(model, x)[1]
+    nv.eval(grads)
+    assert_close([v for _, v in tree_flatten(grads)], [v for _, v in tree_flatten(reference)], 1e-5)
+
+
+def test_planning_leaves_the_optimizer_and_the_random_key_as_they_were(compiled):
+    model, loss_fn, x, _ = bench_case("mlp")
+    opt = optim.AdamW(1e-2)
+    key = mx.random.state[0].tolist()
+    for init in (False, True):  # a fresh optimizer stays uninitialised; an initialised one keeps its state
+        if init:
+            opt.init(model.trainable_parameters())
+        held = [(k, v.tolist()) for k, v in tree_flatten(opt.state)]
+        nv.plan(model, loss_fn, x, budget=1 << 40, optimizer=opt, progress=False)
+        assert [(k, v.tolist()) for k, v in tree_flatten(opt.state)] == held
+        assert mx.random.state[0].tolist() == key
+    assert len(held) > 3
+
+
+def test_a_plan_prints_as_a_table_and_writes_json(planned, tmp_path):
+    model, *_, first = planned
+    text = str(first)
+    assert text.startswith("nv.plan for a budget of") and "keeps MiB" in text
+    layers = getattr(model, "layers", None) or model.model.layers
+    assert sum(line.strip().split()[0].isdigit() for line in text.splitlines()[4:]) == len(layers)
+    data = json.loads(first.save_json(tmp_path / "plan.json").read_text())
+    assert data["fits"] and len(data["blocks"]) == len(layers) and data["measured"] == first.measured
+
+
+def test_a_measured_miss_is_corrected_and_shown(compiled):
+    model, loss_fn, x, _ = bench_case("mlp")
+    first = nv.plan(model, loss_fn, x, budget=1 << 40, progress=False)
+    budget = int((first.smallest + first.unchecked) / 2)
+    for profile in first._planner.profiles.values():  # a model that under-predicts every stage
+        profile.keeps = [k // 4 for k in profile.keeps]
+        profile.backward = [None if b is None else b // 4 for b in profile.backward]
+    plan = first.replan(budget)
+    assert plan.corrections and all(measured > budget for _, _, measured in plan.corrections)
+    assert plan.fits and plan.measured <= budget
+    assert "correction: predicted" in str(plan)
