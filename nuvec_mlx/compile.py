@@ -24,6 +24,19 @@ from . import _ceiling, _pytree, _random, _stages, _validate
 FlatFn = Callable[[list[mx.array]], Sequence[mx.array]]
 
 
+class _Trace:
+    """The function MLX traces: ``fn``, its stages returned as hidden outputs, its traces counted."""
+
+    def __init__(self, fn: Callable):
+        self.fn, self.count = fn, 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> tuple[Any, list[mx.array]]:
+        self.count += 1
+        with _stages.collecting() as stages:
+            out = self.fn(*args, **kwargs)
+        return out, list(stages)
+
+
 class Compiled:
     """A function compiled with :func:`mlx.core.compile`, its stages carried out of the trace.
 
@@ -36,15 +49,17 @@ class Compiled:
 
     def __init__(self, fn: Callable, inputs: Any = None, outputs: Any = None, shapeless: bool = False):
         functools.update_wrapper(self, fn)
-        self._fn, self._outputs = fn, outputs
-        self.traces = 0
+        self._outputs = outputs
+        # What MLX compiles must not refer back to self: a reference cycle
+        # would keep the step (and what its function captures) alive until the
+        # garbage collector runs, instead of until its last reference goes.
+        self._trace = _Trace(fn)
         self._compiled = mx.compile(self._trace, inputs=inputs, outputs=outputs, shapeless=shapeless)
 
-    def _trace(self, *args: Any, **kwargs: Any) -> tuple[Any, list[mx.array]]:
-        self.traces += 1
-        with _stages.collecting() as stages:
-            out = self._fn(*args, **kwargs)
-        return out, list(stages)  # the stages come out as hidden outputs
+    @property
+    def traces(self) -> int:
+        """How often the Python function was traced."""
+        return self._trace.count
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # Under a ceiling, an evaluation stopped part-way puts the state back.

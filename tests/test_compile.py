@@ -36,3 +36,21 @@ def test_compiled_fn_returning_non_arrays_raises():
 def test_non_callables_raise():
     with pytest.raises(TypeError, match="fn must be callable"):
         nv.compile_flat(None)
+
+
+def test_a_compiled_step_and_what_its_function_captures_go_with_its_last_reference(compiled):
+    import gc
+
+    gc.collect()
+    gc.disable()  # freed by reference counting alone, not by a collection that happens to run
+    try:
+        before = nv.memory.stats().active
+        big = mx.ones((1 << 20,))  # 4 MiB captured by the step's function
+        mx.eval(big)
+        step = nv.compile(lambda x: x + big)
+        mx.eval(step(mx.ones((1 << 20,))))
+        assert step.traces == 1
+        del big, step
+        assert nv.memory.stats().active - before < 4096, "the step and its capture outlived their last reference"
+    finally:
+        gc.enable()
