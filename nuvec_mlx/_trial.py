@@ -115,7 +115,7 @@ class Trial:
         key, and they are put back after the last. The first step also traces
         the step and compiles its kernels: its memory counts, its time does not.
         """
-        gc.collect()  # an earlier compiled step (a reference cycle) may still hold arrays
+        gc.collect()  # arrays held only by reference cycles (of earlier steps, of the caller) go first
         step, state = self._step()
         args = as_batch(batch)
         undo = _pytree.snapshot(state)
