@@ -29,4 +29,4 @@ def budget_text(nbytes: float | None) -> str:
     """A budget as the results print it; ``None`` is nuvec_mlx's default."""
     if nbytes is None:
         return "nuvec_mlx's default (staged evaluations: 1 MiB on CPU, inf on a GPU; others: mx.eval)"
-    return "inf (nv.eval runs mx.eval)" if nbytes == math.inf else f"{nbytes / MiB:g} MiB"
+    return "inf (no throttle: the stages alone)" if nbytes == math.inf else f"{nbytes / MiB:g} MiB"

@@ -42,7 +42,8 @@ def eval(*arrays: Any, budget: int | float | None = None) -> None:
         budget: bytes above the currently active memory that the evaluation
             may use before the evaluator waits for queued work; ``None`` uses
             the budget in force (:func:`nuvec_mlx.memory.budget`), ``math.inf``
-            evaluates exactly as :func:`mlx.core.eval`.
+            turns the throttle off (the stages, if any, are still evaluated
+            one by one; without stages this is :func:`mlx.core.eval`).
 
     The memory limit is restored afterwards, also when evaluation raises.
 

@@ -124,8 +124,8 @@ def budget(nbytes: int | float) -> Iterator[None]:
     evaluation may use before MLX's evaluator stops running ahead: beyond it,
     the evaluator waits for queued work to finish (and free its buffers)
     before it dispatches more. A small budget gives the lowest peak; a larger
-    one lets more work overlap; ``math.inf`` turns the throttle off, making
-    :func:`nuvec_mlx.eval` the same as :func:`mlx.core.eval`. The setting is
+    one lets more work overlap; ``math.inf`` turns the throttle off (a step's
+    stages are still evaluated one by one). The setting is
     per thread and per task (a :mod:`contextvars` variable).
 
     Args:

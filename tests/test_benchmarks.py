@@ -441,7 +441,7 @@ def test_budget_option_is_nv_evals_budget_for_the_run_only(tmp_path, monkeypatch
                      "--depths", "", "--budget", "inf", "--out", str(tmp_path)])
     assert seen == [math.inf] and nv.memory.current_budget() == default
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert saved["environment"]["nv.eval budget"] == "inf (nv.eval runs mx.eval)"
+    assert saved["environment"]["nv.eval budget"] == "inf (no throttle: the stages alone)"
     assert any("runs `mx.eval` itself" in n for n in saved["notes"])
 
 
@@ -496,7 +496,7 @@ def test_budget_sweep_measures_every_strategy_at_every_budget(tmp_path, compiled
     assert [(r["budget"], r["strategy"]) for r in saved["rows"]] == [
         (math.inf, "none"), (math.inf, "nuvec"), (0, "none"), (0, "nuvec")]
     assert all(r["section"] == "budgets" and "time_vs_plain_mx_eval" in r for r in saved["rows"])
-    assert "| inf (nv.eval runs mx.eval) | nuvec |" in (tmp_path / "budget_sweep.md").read_text()
+    assert "| inf (no throttle: the stages alone) | nuvec |" in (tmp_path / "budget_sweep.md").read_text()
 
 
 @pytest.mark.parametrize(("argv", "message"), [(["--strategies", "nuvec"], "none included"),
