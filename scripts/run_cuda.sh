@@ -90,7 +90,10 @@ part_budgets() {
   sweep --repeats 9 --budgets inf,0,16,64,256 --out "$out/budgets" &&
     sweep --weight-grads --repeats 9 --budgets inf,0,16,64,256 --out "$out/budgets"
 }
-part_plan() { $PY -m nuvec_mlx_bench.plan_sweep --suite full --models mlp,transformer --out "$out/plan"; }
+part_plan() {  # one model at a time, each into its own folder: a cut-off run keeps the models it finished
+  $PY -m nuvec_mlx_bench.plan_sweep --suite full --models mlp --out "$out/plan/mlp" &&
+    $PY -m nuvec_mlx_bench.plan_sweep --suite full --models transformer --out "$out/plan/transformer"
+}
 part_plan_llama() { $PY -m nuvec_mlx_bench.plan_sweep --suite full --models llama --out "$out/plan-llama"; }
 part_budget0() {
   bench --suite full --models mlp --weight-grads off --budget 0 --strategies none,none-policy,nuvec \
