@@ -27,7 +27,7 @@
 #               transformer: plans from the smallest reachable peak to the unchecked one, against every
 #               block, every 2nd and sqrt(n) segments checkpointed
 #   plan-llama  the same on a random-weight mlx-lm Llama (hidden 2048, 16 layers, seq 2048, batch 4):
-#               needs mlx-lm, a pure-Python wheel, in $WHEELS beside MLX's (pip download mlx-lm --no-deps)
+#               needs mlx-lm (below)
 #   all         every part but the train parts, each whether or not the one before failed, then OUTDIR packed into
 #               OUTDIR.tgz (the device returns at most 8 files: keep OUTDIR outside the folder
 #               that comes back and copy OUTDIR.tgz into it)
@@ -43,10 +43,11 @@ SITE=${SITE:-/tmp/site}                         # where they are installed
 TORCH_VENV=${TORCH_VENV:-/opt/torch/.venv}      # PyTorch, JAX and the NVIDIA libraries
 NVIDIA_LIBS=${NVIDIA_LIBS:-$TORCH_VENV/lib/python3.12/site-packages/nvidia}
 BENCH_SRC=${BENCH_SRC:-/tmp/nuvec-bench-src}    # benchmarks/ under its import name, nuvec_mlx_bench
-# The train parts need mlx-lm 0.32.2 and its dependencies (transformers, tokenizers, rich ...) for the
-# H200's Python, fetched beforehand where PyPI can be reached, without MLX's own wheels (in $WHEELS):
-#   pip download mlx-lm==0.32.2 -d DIR --only-binary=:all: --python-version 3.12 \
-#     --platform manylinux_2_28_x86_64 && rm DIR/mlx-*.whl DIR/mlx_*.whl
+# The train parts need mlx-lm 0.32.2, a pure-Python wheel, in $LM_WHEELS (pip download mlx-lm==0.32.2
+# --no-deps): its dependencies (transformers 5.17, tokenizers, sentencepiece, jinja2 ...) are in the
+# H200's $TORCH_VENV already; newer ones installed beside it would shadow them (transformers 5.25 needs
+# huggingface_hub 2.x, the venv has 1.33). plan-llama needs the same wheel.
+# The device returns files at most two folders deep: copy OUTDIR's files up before the call ends.
 LM_WHEELS=${LM_WHEELS:-$WHEELS/mlx-lm}
 PY=$TORCH_VENV/bin/python
 
@@ -94,12 +95,12 @@ part_plan() {  # one model at a time, each into its own folder: a cut-off run ke
   $PY -m nuvec_mlx_bench.plan_sweep --suite full --models mlp --out "$out/plan/mlp" &&
     $PY -m nuvec_mlx_bench.plan_sweep --suite full --models transformer --out "$out/plan/transformer"
 }
-part_plan_llama() { $PY -m nuvec_mlx_bench.plan_sweep --suite full --models llama --out "$out/plan-llama"; }
+part_plan_llama() { with_mlx_lm && $PY -m nuvec_mlx_bench.plan_sweep --suite full --models llama --out "$out/plan-llama"; }
 part_budget0() {
   bench --suite full --models mlp --weight-grads off --budget 0 --strategies none,none-policy,nuvec \
     --peers none --out "$out/budget0"
 }
-# The fine-tuning benchmark. Not yet run: written on a machine without a GPU, for a later session.
+# The fine-tuning benchmark (run on 2026-12-04: benchmarks/results/h200/2026-12-04-train/).
 with_mlx_lm() {
   [ -d "$SITE/mlx_lm" ] || $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$LM_WHEELS"/*.whl
   $PY -c "import mlx_lm, nuvec_mlx.mlx_lm; print('mlx-lm', mlx_lm.__version__)"
