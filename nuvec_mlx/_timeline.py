@@ -31,7 +31,8 @@ class Reading:
         evaluation: which ``nv.eval`` inside the timeline (from 0).
         index: the stage's place in that evaluation (from 0); the last is the
             evaluation of the arrays themselves.
-        kind: ``"forward"``, ``"backward"`` or ``"outputs"``.
+        kind: ``"forward"``, ``"backward"``, ``"update"`` (of a block's
+            parameters, by an optimizer inside the step) or ``"outputs"``.
         block: the checkpointed block the stage ends (from 1), when known.
         seconds: since the timeline began.
         active: MLX's active memory after the stage.
@@ -50,6 +51,8 @@ class Reading:
         """The stage in words, e.g. ``backward pass of block 3``."""
         if self.kind == "outputs":
             return "the evaluation of the outputs"
+        if self.kind == "update" and self.block:
+            return f"update of block {self.block}'s parameters"
         return f"{self.kind} pass of block {self.block}" if self.block else f"{self.kind} stage {self.index + 1}"
 
 
@@ -85,20 +88,20 @@ class Timeline:
     def plot(self, path: str | Path, title: str = "MLX memory per stage") -> Path:
         """Plot active memory and each stage's peak against time, stages marked, to a PNG.
 
-        Needs matplotlib (``pip install "nuvec-mlx[bench]"``).
+        Needs matplotlib (``pip install "nuvec-mlx[bench]"``). Draws on a figure of
+        its own, without pyplot: the backend and figures of a notebook or script
+        are left as they were.
         """
         try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
+            from matplotlib.figure import Figure
         except ImportError as e:  # pragma: no cover - depends on the environment
             raise ImportError("Timeline.plot needs matplotlib: pip install matplotlib") from e
         top = self.peak()
         t = [r.seconds * 1e3 for r in self.readings]
-        fig, ax = plt.subplots(figsize=(8, 4))
+        fig = Figure(figsize=(8, 4))
+        ax = fig.subplots()
         ax.step(t, [r.active / MiB for r in self.readings], where="post", label="active after the stage")
-        colors = {"forward": "tab:blue", "backward": "tab:orange", "outputs": "tab:green"}
+        colors = {"forward": "tab:blue", "backward": "tab:orange", "update": "tab:purple", "outputs": "tab:green"}
         for kind in colors:
             rs = [(x, r) for x, r in zip(t, self.readings) if r.kind == kind]
             if rs:
@@ -113,26 +116,25 @@ class Timeline:
         fig.tight_layout()
         path = Path(path)
         fig.savefig(path, dpi=120)
-        plt.close(fig)
         return path
 
 
 class _Recorder:
     def __init__(self, result: Timeline):
         self.result, self.start, self.evaluation = result, time.perf_counter(), -1
-        self.forward = 0
+        self.forward = self.backward = 0
 
     def __call__(self, index: int, count: int, stage_kind: str) -> None:
         mx.synchronize()
         if index == 0:
             self.evaluation += 1
-            self.forward = 0
+            self.forward = self.backward = 0
         self.forward += stage_kind == _stages.FORWARD
-        # Forward stages end blocks 1, 2, ...; backward ones reach them last first.
-        backward_index = index - self.forward
-        block = {_stages.FORWARD: self.forward, _stages.BACKWARD: self.forward - backward_index}.get(stage_kind)
+        self.backward += stage_kind == _stages.BACKWARD
+        # Forward stages end blocks 1, 2, ...; backward ones reach them last first; an update follows its block's.
+        block = self.forward if stage_kind == _stages.FORWARD else self.forward - self.backward + 1
         self.result.readings.append(Reading(
-            self.evaluation, index, stage_kind, block if block and block > 0 else None,
+            self.evaluation, index, stage_kind, block if block > 0 and stage_kind != "outputs" else None,
             time.perf_counter() - self.start, mx.get_active_memory(), mx.get_peak_memory()))
         mx.reset_peak_memory()
 

@@ -45,3 +45,20 @@ def test_an_empty_timeline_says_so():
         pass
     with pytest.raises(ValueError, match="no nv.eval ran inside it"):
         t.peak()
+
+
+def test_plotting_leaves_the_matplotlib_backend_and_figures_alone(tmp_path, compiled):
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")  # as a notebook or script may have chosen
+    try:
+        figures = plt.get_fignums()
+        sc = checkpointed_step()
+        with nv.memory.timeline() as t:
+            nv.eval(sc.step(sc.inputs))
+        t.plot(tmp_path / "t.png")
+        assert matplotlib.get_backend() == "svg" and plt.get_fignums() == figures
+    finally:
+        matplotlib.use(before)
