@@ -32,7 +32,7 @@ def run(ckpt: bool) -> None:
 
     def step(x):
         loss, g = vg(model, x)
-        opt.update(model, g)
+        nv.update(opt, model, g)  # opt.update, each block's update a stage after its backward pass
         return loss
 
     step = nv.compile(step, inputs=state, outputs=state)  # mx.compile, carrying the stages

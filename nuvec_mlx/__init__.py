@@ -16,6 +16,7 @@ from .policies import checkpoint_name
 from .saved import SavedActivations, saved_activations
 from .grad import grad_flat, value_and_grad, value_and_grad_flat
 from .nn import checkpoint_layers, checkpoint_module, checkpoint_sequential, is_checkpointed
+from .update import update
 
 __version__ = "0.1.0"
 
@@ -41,6 +42,7 @@ __all__ = [
     "plan",
     "policies",
     "saved_activations",
+    "update",
     "value_and_grad",
     "value_and_grad_flat",
 ]

@@ -31,7 +31,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
-from . import _capture, _constants, _flat, _random, _validate
+from . import _capture, _constants, _flat, _random, _stages, _validate
 
 FlatTransform = Callable[[Callable[[list[mx.array]], list[mx.array]]], Callable]
 
@@ -167,7 +167,7 @@ def call_flat(transform: FlatTransform, fn: Callable, args: tuple, kwargs: dict)
 
     flat.__name__ = flat.__qualname__ = _validate.name_of(fn)  # for messages about fn
     xs = [leaves[i] for i in positions] + holding.arrays
-    with _constants.constant_inputs(holding.constants, add=True):
+    with _constants.constant_inputs(holding.constants, add=True), _stages.holding(holding.modules):
         out = transform(flat)(xs)  # runs flat, which records the output's structure
     arrays = iter(out)
     return tree_map(lambda v: next(arrays) if isinstance(v, mx.array) else v, first[0], is_leaf=_is_module)

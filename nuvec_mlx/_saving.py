@@ -245,6 +245,7 @@ def unrecomputed(fn: Callable[[list[mx.array]], Sequence[mx.array]],
     @functools.wraps(fn)
     def staged(xs: Sequence[mx.array]) -> list[mx.array]:
         xs = _validate.check_array_list(xs, "xs")
+        modules = _stages.held()
         wanted = [i for i, x in enumerate(xs) if _validate.is_differentiable(x) and not is_constant(x)]
         if wanted:
             enter = mx.custom_function(lambda *ps: list(ps))
@@ -252,7 +253,7 @@ def unrecomputed(fn: Callable[[list[mx.array]], Sequence[mx.array]],
             @enter.vjp
             def finish(_primals: Any, cotangents: Any, _outputs: Any) -> Any:
                 cotangents = [cotangents] if isinstance(cotangents, mx.array) else list(cotangents)
-                return tuple(_stages.mark(_stages.chained(cotangents), _stages.BACKWARD))
+                return tuple(_stages.mark(_stages.chained(cotangents), _stages.BACKWARD, modules))
 
             xs = _flat.substitute(xs, wanted, enter(*(xs[i] for i in wanted)))
         out = _validate.check_outputs(fn(xs), fn)

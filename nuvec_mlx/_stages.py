@@ -16,7 +16,9 @@ them; the block's consumers then read the arrays through the mark
 mark never keeps memory alive. A *collector* (a flat gradient, a compiled
 step) gathers the marks made inside it in the order the graph was built:
 forward stages in forward order, then backward stages in the order the
-backward pass reaches the blocks. The outermost collector *registers* them
+backward pass reaches the blocks. An optimizer's update inside the step can
+add an *update* stage per block (:func:`update_stages`), right after the
+block's backward stage. The outermost collector *registers* them
 with the arrays it returns; :func:`nuvec_mlx.eval` then evaluates the stages
 of the arrays it is given, one by one, before the arrays themselves. The registry holds the
 arrays weakly and forgets an entry when they are gone, or when the entry is
@@ -45,26 +47,51 @@ REMEMBERED = 16
 _collector: contextvars.ContextVar[list[mx.array] | None] = contextvars.ContextVar(
     "nuvec_mlx_stages", default=None
 )
+# While the outermost collector collects: for each backward stage, by id, the
+# ids of the modules its checkpoint held (see :func:`holding`), so that an
+# optimizer's update can follow the stage (:func:`update_stages`).
+_owners: contextvars.ContextVar[dict[int, frozenset[int]] | None] = contextvars.ContextVar(
+    "nuvec_mlx_stage_owners", default=None
+)
+_held: contextvars.ContextVar[tuple[object, ...]] = contextvars.ContextVar("nuvec_mlx_stage_held", default=())
 
 
 @contextlib.contextmanager
 def collecting() -> Iterator[list[mx.array]]:
     """Collect the stages marked inside (fresh: enclosing collectors see none of them)."""
     token = _collector.set([])
+    owners_token = _owners.set({}) if _owners.get() is None else None
     try:
         yield _collector.get()
     finally:
         _collector.reset(token)
+        if owners_token is not None:
+            _owners.reset(owners_token)
+
+
+@contextlib.contextmanager
+def holding(modules: Sequence[object]) -> Iterator[None]:
+    """Checkpoints made inside hold ``modules``: their backward stages end those modules' gradients."""
+    token = _held.set(tuple(modules))
+    try:
+        yield
+    finally:
+        _held.reset(token)
+
+
+def held() -> tuple[object, ...]:
+    """The modules that a checkpoint made here holds (see :func:`holding`)."""
+    return _held.get()
 
 
 #: The kinds of stage, told apart by the mark's dtype (which survives compile).
-FORWARD, BACKWARD = "forward", "backward"
-_DTYPES = {FORWARD: mx.bool_, BACKWARD: mx.uint8}
+FORWARD, BACKWARD, UPDATE = "forward", "backward", "update"
+_DTYPES = {FORWARD: mx.bool_, BACKWARD: mx.uint8, UPDATE: mx.int8}
 
 
 def kind(stage: mx.array) -> str:
-    """Whether ``stage`` ends a block's forward or its backward pass."""
-    return FORWARD if stage.dtype == _DTYPES[FORWARD] else BACKWARD
+    """Whether ``stage`` ends a block's forward pass, its backward pass, or the update of its parameters."""
+    return next(k for k, dtype in _DTYPES.items() if stage.dtype == dtype)
 
 
 def chained(arrays: Sequence[mx.array]) -> list[mx.array]:
@@ -72,22 +99,61 @@ def chained(arrays: Sequence[mx.array]) -> list[mx.array]:
     return _depends.depends(list(arrays), list(arrays)) if len(arrays) > 1 else list(arrays)
 
 
-def mark(arrays: Sequence[mx.array], stage_kind: str) -> list[mx.array]:
+def mark(arrays: Sequence[mx.array], stage_kind: str, modules: Sequence[object] = ()) -> list[mx.array]:
     """Mark a stage that ends once ``arrays`` are computed; use what it returns in their place.
 
     Args:
         arrays: a block's forward outputs, or the gradients its backward returns.
         stage_kind: :data:`FORWARD` or :data:`BACKWARD`.
+        modules: for a backward stage, the modules the block held, whose
+            parameters' gradients are then done (see :func:`update_stages`).
 
     Outside a collector this does nothing and returns ``arrays``.
     """
     stages = _collector.get()
     if stages is None or not arrays:
         return list(arrays)
-    marker = _depends.depends([mx.zeros((1,), dtype=_DTYPES[stage_kind])], list(arrays))[0]
+    marker = _stage(stage_kind, arrays)
     stages.append(marker)
-    # Whatever reads the arrays from now on reads them through the marker, so
-    # any evaluation of them evaluates it, right after them, and lets it go.
+    if modules:
+        _owners.get()[id(marker)] = frozenset(map(id, modules))
+    return _through(arrays, marker)
+
+
+def last_backward(module: object) -> int | None:
+    """Where, in the collector in force, the last backward stage of a block holding ``module`` is; ``None`` if none."""
+    stages, owners = _collector.get() or [], _owners.get() or {}
+    found = [i for i, s in enumerate(stages) if id(module) in owners.get(id(s), ())]
+    return found[-1] if found else None
+
+
+def update_stages(groups: dict[int, list[mx.array]]) -> dict[int, list[mx.array]]:
+    """For each backward stage index in ``groups``, an update stage right after it computing its arrays.
+
+    Made for an optimizer's update inside a compiled step: the arrays are the
+    new values of the parameters whose gradients that stage completes. Each
+    block's gradients are then spent on its update before the next block's
+    are made, instead of all being alive when the update runs.
+
+    Returns:
+        The arrays of each group read through its stage: use them in their place.
+    """
+    stages = _collector.get()
+    out = {}
+    for index in sorted(groups, reverse=True):  # the latest first: earlier indices stay valid
+        marker = _stage(UPDATE, groups[index])
+        stages.insert(index + 1, marker)
+        out[index] = _through(groups[index], marker)
+    return out
+
+
+def _stage(stage_kind: str, arrays: Sequence[mx.array]) -> mx.array:
+    """A one-element array of ``stage_kind``'s dtype that depends on ``arrays`` and shares no buffer with them."""
+    return _depends.depends([mx.zeros((1,), dtype=_DTYPES[stage_kind])], list(arrays))[0]
+
+
+def _through(arrays: Sequence[mx.array], marker: mx.array) -> list[mx.array]:
+    """``arrays`` read through ``marker``: any evaluation of them evaluates it, right after them, and lets it go."""
     return _depends.depends(list(arrays), [marker])
 
 

@@ -93,6 +93,7 @@ class _Call:
         self.signature: list = []
         self.empty = False  # fn returned no arrays: the custom function returns a stand-in
         self.graph: list[mx.array] = []  # the forward's outputs, as fn computed them
+        self.modules = _stages.held()  # whose gradients the backward stage completes
 
     def run(self, xs: Sequence[mx.array]) -> list[mx.array]:
         return _validate.check_outputs(self.fn(list(xs)), self.fn)
@@ -135,7 +136,7 @@ class _Call:
 
         # Only the wanted gradients are computed (a constant's is never used).
         grads = mx.vjp(recompute_wanted, [primals[i] for i in self.wanted], list(cotangents))[1]
-        grads = _stages.mark(_stages.chained(grads), _stages.BACKWARD)  # nv.eval waits here
+        grads = _stages.mark(_stages.chained(grads), _stages.BACKWARD, self.modules)  # nv.eval waits here
         return _flat.substitute(zeros, self.wanted, grads)
 
     def jvp(self, primals: list[mx.array], tangents: list[mx.array | None]) -> list[mx.array]:

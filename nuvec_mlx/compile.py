@@ -94,7 +94,7 @@ def compile(
         >>> @nv.compile(inputs=state, outputs=state)
         ... def step(x, y):
         ...     loss, grads = nv.value_and_grad(model, loss_fn)(model, x, y)
-        ...     optimizer.update(model, grads)
+        ...     nv.update(optimizer, model, grads)  # optimizer.update, staged per block
         ...     return loss
         >>> nv.eval(step(x, y), state)
     """

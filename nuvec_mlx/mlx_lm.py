@@ -16,7 +16,8 @@ validation, reports, callbacks and adapter files) with three changes:
   one class, so hybrid models keep their other blocks unchecked; and its
   recomputation draws new dropout masks);
 - the step is compiled with :func:`nuvec_mlx.compile` and evaluated with
-  :func:`nuvec_mlx.eval`, one checkpointed block at a time;
+  :func:`nuvec_mlx.eval`, one checkpointed block at a time, each block's
+  optimizer update right after its backward pass (:func:`nuvec_mlx.update`);
 - each report line ends with the peak memory of the steps since the last
   report (``step_peak_memory`` for the callbacks, in GB as mlx-lm's
   ``peak_memory``).
@@ -51,6 +52,7 @@ from .compile import compile as nv_compile
 from .evaluate import eval as nv_eval
 from .grad import value_and_grad
 from .nn import checkpoint_module, is_checkpointed
+from .update import update
 
 __all__ = ["PROG", "checkpointed_blocks", "main", "train", "training_step"]
 
@@ -61,7 +63,7 @@ PROG = "nuvec-mlx-lora"
 def training_step(
     model: nn.Module, optimizer: optim.Optimizer, loss: Callable = default_loss, grad_accumulation_steps: int = 1
 ) -> tuple[Callable, list]:
-    """mlx-lm's training step, compiled with :func:`nuvec_mlx.compile`.
+    """mlx-lm's training step, compiled with :func:`nuvec_mlx.compile`, updating with :func:`nuvec_mlx.update`.
 
     Args:
         model: the model; its checkpointed blocks become the step's stages.
@@ -97,7 +99,7 @@ def training_step(
             grad = average_gradients(grad)
             if grad_accumulation_steps > 1:
                 grad = tree_map(lambda g: g / grad_accumulation_steps, grad)
-            optimizer.update(model, grad)
+            update(optimizer, model, grad)  # each block's update a stage after its backward
             grad = None
         return value, tokens, grad
 

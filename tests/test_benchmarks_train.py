@@ -119,7 +119,7 @@ def test_nuvec_strategy_checkpoints_every_block_while_its_step_runs():
     case = Case(TINY, "nuvec")
     with nv.memory.timeline() as t:
         case.evaluate(case.step(case.batch(32)))
-    assert [r.kind for r in t.readings] == ["forward"] * 2 + ["backward"] * 2 + ["outputs"]
+    assert [r.kind for r in t.readings] == ["forward"] * 2 + ["backward", "update"] * 2 + ["outputs"]
     assert not any(nv.is_checkpointed(b) for b in case.model.layers)
 
 

@@ -254,6 +254,11 @@ CATALOGUE = [
      ValueError, r"^multiple must be >= 1, got 0$"),
     ("largest_fit: tolerance above 1", lambda: nv.largest_fit(nn.Linear(2, 2), total, total, 1 << 20, tolerance=2),
      ValueError, r"^tolerance must be a number between 0 and 1, got 2$"),
+    # update
+    ("update: optimizer not an optimizer", lambda: nv.update(nn.Linear(2, 2), nn.Linear(2, 2), {}),
+     TypeError, r"^optimizer must be an mlx.optimizers.Optimizer, got Linear$"),
+    ("update: model not a module", lambda: nv.update(optim.SGD(0.1), 3, {}),
+     TypeError, r"^model must be an mlx.nn.Module, got int$"),
     # saved_activations
     ("saved_activations: model not a module", lambda: nv.saved_activations(3, total, a),
      TypeError, r"^model must be an mlx.nn.Module, got int$"),

@@ -99,9 +99,11 @@ def assert_same_adapters(a: Path, b: Path) -> None:
         assert wa[k].dtype == wb[k].dtype and mx.array_equal(wa[k], wb[k]).item(), k
 
 
-def assert_trains_as_mlx_lm_lora(model: Path, data: Path, out: Path, mode: str, monkeypatch, capsys, *extra: str):
+def assert_trains_as_mlx_lm_lora(model: Path, data: Path, out: Path, mode: str, monkeypatch, capsys, *extra: str,
+                                 accumulation: int = 1):
     """nuvec-mlx-lora --grad-checkpoint prints mlx_lm.lora's losses (unchecked) and saves its adapters,
-    every block of every class a stage of every step: forward, then backward."""
+    every block of every class a stage of every step: forward, then backward, each followed by the
+    update of the block's parameters on the steps that update (every ``accumulation``-th)."""
     plain = run_mlx_lm_lora(lora_args(model, data, out / "mlx", mode, *extra), monkeypatch, capsys)
     with nv.memory.timeline() as timeline:
         ours = run_nuvec_mlx_lora(lora_args(model, data, out / "nuvec", mode, "--grad-checkpoint", *extra), capsys)
@@ -113,7 +115,8 @@ def assert_trains_as_mlx_lm_lora(model: Path, data: Path, out: Path, mode: str, 
     assert len(steps) == 5
     for s in steps:
         kinds = [r.kind for r in timeline.readings if r.evaluation == s]
-        assert kinds == ["forward"] * blocks + ["backward"] * blocks + ["outputs"]
+        backward = ["backward", "update"] if (s + 1) % accumulation == 0 else ["backward"]
+        assert kinds == ["forward"] * blocks + backward * blocks + ["outputs"], s
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -125,7 +128,7 @@ def test_training_with_every_block_checkpointed_equals_mlx_lm_lora(arch, mode, f
 
 def test_gradient_accumulation_equals_mlx_lm_lora(folders, data, tmp_path, eager, monkeypatch, capsys):
     assert_trains_as_mlx_lm_lora(folders("llama", "lora"), data, tmp_path, "lora", monkeypatch, capsys,
-                                 "--grad-accumulation-steps", "2")
+                                 "--grad-accumulation-steps", "2", accumulation=2)
 
 
 def test_the_command_trains_compiled_as_mlx_lm_lora_with_dropout_and_mlx_lm_loads_its_adapters(

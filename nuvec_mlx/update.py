@@ -1,0 +1,61 @@
+"""An optimizer's update that spends each block's gradients as soon as they are done.
+
+Inside a compiled step, :func:`nuvec_mlx.eval` evaluates the backward pass one
+checkpointed block at a time (:mod:`nuvec_mlx._stages`). ``optimizer.update``
+then runs after the last of those stages, when every gradient is alive at
+once: in full fine-tuning that is a floor of one more copy of the weights,
+whatever the batch. :func:`update` makes the update of each block's
+parameters a stage of its own, right after that block's backward stage, so
+each block's gradients are freed before the next block's are made (what a
+single ``mx.eval`` of an unstaged step does by itself).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.nn as nn
+import mlx.optimizers as optim
+from mlx.utils import tree_flatten, tree_unflatten
+
+from . import _stages, _validate
+
+
+def update(optimizer: optim.Optimizer, model: nn.Module, gradients: Any) -> None:
+    """``optimizer.update(model, gradients)``, each checkpointed block's update a stage after its backward.
+
+    Use it in place of ``optimizer.update`` inside a step compiled with
+    :func:`nuvec_mlx.compile` whose gradients come from
+    :func:`nuvec_mlx.value_and_grad`, and evaluated with :func:`nuvec_mlx.eval`.
+    Values are those of ``optimizer.update``; parameters no checkpoint took are
+    updated with the outputs, as before. Outside a compiled step it is
+    ``optimizer.update``.
+
+    Args:
+        optimizer: an ``mlx.optimizers`` optimizer.
+        model: the model whose trainable parameters ``gradients`` mirror.
+        gradients: the gradients, as ``nn.value_and_grad`` returns them.
+
+    Example:
+        >>> @nv.compile(inputs=state, outputs=state)
+        ... def step(x, y):
+        ...     loss, grads = nv.value_and_grad(model, loss_fn)(model, x, y)
+        ...     nv.update(optimizer, model, grads)
+        ...     return loss
+    """
+    if not isinstance(optimizer, optim.Optimizer):
+        raise TypeError(f"optimizer must be an mlx.optimizers.Optimizer, got {type(optimizer).__name__}")
+    _validate.check_module(model, "model")
+    optimizer.update(model, gradients)
+    stage_of = {path: i for path, m in model.named_modules() if (i := _stages.last_backward(m)) is not None}
+    if not stage_of:
+        return
+    groups: dict[int, list[str]] = {}
+    params = dict(tree_flatten(model.trainable_parameters()))
+    for name in params:
+        # The last stage of a checkpointed module that holds it: the parameter's gradient is done there.
+        found = [i for path, i in stage_of.items() if not path or name.startswith(path + ".")]
+        if found:
+            groups.setdefault(max(found), []).append(name)
+    staged = _stages.update_stages({i: [params[n] for n in names] for i, names in groups.items()})
+    model.update(tree_unflatten([(n, a) for i, names in groups.items() for n, a in zip(names, staged[i])]))
