@@ -29,7 +29,9 @@ def update(optimizer: optim.Optimizer, model: nn.Module, gradients: Any) -> None
     :func:`nuvec_mlx.value_and_grad`, and evaluated with :func:`nuvec_mlx.eval`.
     Values are those of ``optimizer.update``; parameters no checkpoint took are
     updated with the outputs, as before. Outside a compiled step it is
-    ``optimizer.update``.
+    ``optimizer.update``. Gradients averaged across processes in buckets
+    (``nn.average_gradients`` on several ranks) tie the blocks of a bucket
+    together: a block's update stage then computes every gradient in its bucket.
 
     Args:
         optimizer: an ``mlx.optimizers`` optimizer.
