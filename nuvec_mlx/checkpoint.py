@@ -89,7 +89,6 @@ class _Call:
         # The inputs whose gradients are wanted.
         self.wanted = [i for i in self.diff if not _constants.is_constant(xs[i])]
         self.key = _random.key()  # the forward's draws, replayed by the recomputation
-        self.replay_key = self.key
         self.signature: list = []
         self.empty = False  # fn returned no arrays: the custom function returns a stand-in
         self.graph: list[mx.array] = []  # the forward's outputs, as fn computed them
@@ -110,8 +109,8 @@ class _Call:
         self.graph = _stages.mark(out, _stages.FORWARD)
         return self.graph
 
-    def recompute(self, xs: Sequence[mx.array]) -> list[mx.array]:
-        with _random.drawing_from(self.replay_key), self.kept.replaying():
+    def recompute(self, xs: Sequence[mx.array], key: mx.array) -> list[mx.array]:
+        with _random.drawing_from(key), self.kept.replaying():
             out = self.run(xs)
         if _signature(out) != self.signature:
             raise ValueError(
@@ -129,10 +128,15 @@ class _Call:
         # Read through the cotangents: the recomputation, its random draws
         # included, waits for the backward pass to reach this block.
         primals = _depends.depends(primals, list(cotangents))
-        self.replay_key = _depends.depends([self.key], list(cotangents))[0]
+        # A local, not an attribute: the key depends on the cotangents, whose graph
+        # reaches this custom function and its rules (bound to self). Kept on self,
+        # that cycle runs through MLX's graph, which the garbage collector cannot
+        # see; under compile the traced arrays are never evaluated (which would cut
+        # it), and the step's weights outlived the step.
+        key = _depends.depends([self.key], list(cotangents))[0]
 
         def recompute_wanted(*wanted: mx.array) -> list[mx.array]:
-            return self.recompute(_flat.substitute(primals, self.wanted, wanted))
+            return self.recompute(_flat.substitute(primals, self.wanted, wanted), key)
 
         # Only the wanted gradients are computed (a constant's is never used).
         grads = mx.vjp(recompute_wanted, [primals[i] for i in self.wanted], list(cotangents))[1]

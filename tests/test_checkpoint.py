@@ -296,3 +296,31 @@ def test_a_shapeless_compile_through_a_checkpoint_fails_at_its_first_call(compil
         step(mx.ones((2, 3)))
     plain = compile_with(lambda x: block([x])[0])
     assert_close(plain(mx.ones((2, 3))), mx.tanh(mx.ones((2, 3))) * 2)
+
+
+def test_a_compiled_checkpointed_step_frees_its_weights_with_its_last_reference(compiled):
+    """The trace's arrays must not keep the checkpoint alive through MLX's graph (a cycle gc cannot see)."""
+    import gc
+
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+
+    gc.collect()
+    before = nv.memory.stats().active
+    model = nn.Sequential(*(nn.Linear(256, 256) for _ in range(8)))  # 2 MiB of weights
+    nv.checkpoint_layers(model, layers=list(model.layers))
+    optimizer, x = optim.SGD(1e-3), mx.random.normal((4, 256))
+    state = [model.state, optimizer.state]
+    mx.eval(state, x)
+
+    @nv.compile(inputs=state, outputs=state)
+    def step():
+        loss, grads = nv.value_and_grad(model, lambda m: (m(x) ** 2).mean())(model)
+        optimizer.update(model, grads)
+        return loss
+
+    for _ in range(3):
+        nv.eval(step(), state)
+    del model, optimizer, state, step, x
+    gc.collect()
+    assert nv.memory.stats().active - before < 4096, "the step's weights outlived it"
