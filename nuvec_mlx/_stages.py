@@ -120,11 +120,10 @@ def mark(arrays: Sequence[mx.array], stage_kind: str, modules: Sequence[object] 
     return _through(arrays, marker)
 
 
-def last_backward(module: object) -> int | None:
-    """Where, in the collector in force, the last backward stage of a block holding ``module`` is; ``None`` if none."""
+def last_backward() -> dict[int, int]:
+    """For each module a block held, by id: where its last backward stage is in the collector in force."""
     stages, owners = _collector.get() or [], _owners.get() or {}
-    found = [i for i, s in enumerate(stages) if id(module) in owners.get(id(s), ())]
-    return found[-1] if found else None
+    return {module: i for i, s in enumerate(stages) for module in owners.get(id(s), ())}
 
 
 def update_stages(groups: dict[int, list[mx.array]]) -> dict[int, list[mx.array]]:

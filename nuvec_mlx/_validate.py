@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
+import mlx.optimizers as optim
 
 
 def name_of(fn: object) -> str:
@@ -43,6 +44,14 @@ def check_module(module: object, name: str) -> nn.Module:
     if not isinstance(module, nn.Module):
         raise TypeError(f"{name} must be an mlx.nn.Module, got {type(module).__name__}")
     return module
+
+
+def check_optimizer(optimizer: object, name: str, allow_none: bool = False) -> optim.Optimizer | None:
+    """``optimizer`` if it is an ``mlx.optimizers.Optimizer`` (or, with ``allow_none``, ``None``), else ``TypeError``."""
+    if not (isinstance(optimizer, optim.Optimizer) or (allow_none and optimizer is None)):
+        expected = "an mlx.optimizers.Optimizer or None" if allow_none else "an mlx.optimizers.Optimizer"
+        raise TypeError(f"{name} must be {expected}, got {type(optimizer).__name__}")
+    return optimizer
 
 
 def check_int(value: object, name: str, minimum: int) -> int:

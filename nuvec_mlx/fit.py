@@ -145,8 +145,7 @@ def largest_fit(
     _validate.check_int(budget, "budget", minimum=1)
     _check_sizes(sizes)
     _validate.check_int(multiple, "multiple", minimum=1)
-    if optimizer is not None and not isinstance(optimizer, optim.Optimizer):
-        raise TypeError(f"optimizer must be an mlx.optimizers.Optimizer or None, got {type(optimizer).__name__}")
+    _validate.check_optimizer(optimizer, "optimizer", allow_none=True)
     _validate.check_bool(checkpoint, "checkpoint")
     _validate.check_bool(compile, "compile")
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 < tolerance < 1:

@@ -83,8 +83,7 @@ def training_step(
         >>> nv.eval(state, loss, tokens)
     """
     _validate.check_module(model, "model")
-    if not isinstance(optimizer, optim.Optimizer):
-        raise TypeError(f"optimizer must be an mlx.optimizers.Optimizer, got {type(optimizer).__name__}")
+    _validate.check_optimizer(optimizer, "optimizer")
     _validate.check_callable(loss, "loss")
     _validate.check_int(grad_accumulation_steps, "grad_accumulation_steps", minimum=1)
     state = [model.state, optimizer.state, mx.random.state]

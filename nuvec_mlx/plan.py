@@ -412,8 +412,7 @@ def plan(
     _validate.check_callable(loss_fn, "loss_fn")
     _check_batch(batch)
     _validate.check_int(budget, "budget", minimum=1)
-    if optimizer is not None and not isinstance(optimizer, optim.Optimizer):
-        raise TypeError(f"optimizer must be an mlx.optimizers.Optimizer or None, got {type(optimizer).__name__}")
+    _validate.check_optimizer(optimizer, "optimizer", allow_none=True)
     chosen = _check_policies(policies)
     _validate.check_bool(compile, "compile")
     _validate.check_int(corrections, "corrections", minimum=0)

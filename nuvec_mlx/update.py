@@ -45,11 +45,11 @@ def update(optimizer: optim.Optimizer, model: nn.Module, gradients: Any) -> None
         ...     nv.update(optimizer, model, grads)
         ...     return loss
     """
-    if not isinstance(optimizer, optim.Optimizer):
-        raise TypeError(f"optimizer must be an mlx.optimizers.Optimizer, got {type(optimizer).__name__}")
+    _validate.check_optimizer(optimizer, "optimizer")
     _validate.check_module(model, "model")
     optimizer.update(model, gradients)
-    stage_of = {path: i for path, m in model.named_modules() if (i := _stages.last_backward(m)) is not None}
+    last = _stages.last_backward()
+    stage_of = {path: last[id(m)] for path, m in model.named_modules() if id(m) in last}
     if not stage_of:
         return
     groups: dict[int, list[str]] = {}
