@@ -69,6 +69,7 @@ def notes(rows: list[dict], args: argparse.Namespace) -> list[str]:
         "- strategies: `none` and `mlx-lm` are mlx-lm's trainer step (`mx.compile` of `nn.value_and_grad`, "
         "`mx.eval`), `mlx-lm` with its `grad_checkpoint`; `nuvec` is `nuvec_mlx.mlx_lm.training_step` with every "
         f"block checkpointed, `nv.eval` at {budgets.budget_text(args.budget)}; `nuvec-inf` the same at budget inf; "
+        "`nuvec-ahead` the same with one stage queued ahead (`nv.eval(..., ahead=1)`); "
         "`nuvec-mx-eval` nuvec's checkpoint on every block in mlx-lm's own step (`mx.compile`, `mx.eval`)",
     ]
     if args.seqs:
@@ -82,7 +83,7 @@ def notes(rows: list[dict], args: argparse.Namespace) -> list[str]:
     for label in dict.fromkeys(r["label"] for r in rows):
         by = {r["strategy"]: r for r in rows if r["label"] == label}
         theirs = by.get("mlx-lm")
-        for ours in (by.get(s) for s in ("nuvec", "nuvec-inf")):
+        for ours in (by.get(s) for s in ("nuvec", "nuvec-inf", "nuvec-ahead")):
             if not ours or not theirs:
                 continue
             peak, time = TARGETS[ours["workload"]["mode"]]
@@ -102,7 +103,7 @@ def plot(rows: list[dict], memory_mib: float) -> plt.Figure | None:
         return None
     fig, axes = plt.subplots(len(labels), 1, figsize=(7, 1.5 + 3 * len(labels)), squeeze=False)
     styles = {"none": ("tab:gray", "o-"), "mlx-lm": ("tab:blue", "s-"), "nuvec": ("tab:green", "o-"),
-              "nuvec-inf": ("tab:olive", "^--"), "nuvec-mx-eval": ("tab:purple", "v:")}
+              "nuvec-inf": ("tab:olive", "^--"), "nuvec-ahead": ("tab:cyan", "d-"), "nuvec-mx-eval": ("tab:purple", "v:")}
     for ax, label in zip(axes[:, 0], labels):
         for r in (r for r in rows if r["label"] == label):
             points = sorted({int(k): v for k, v in {**r.get("sweep", {}), **r.get("search", {})}.items()}.items())

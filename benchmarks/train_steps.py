@@ -13,6 +13,8 @@ The strategies, each the step a user's trainer runs:
   at nuvec_mlx's default budget (or the one in force);
 - ``nuvec-inf``: the same, ``nv.eval`` at budget ``math.inf``: no throttle within
   the stages (on a GPU, nuvec_mlx's default; on a CPU the default throttles at 1 MiB);
+- ``nuvec-ahead``: ``nuvec`` with one stage queued ahead (``nv.eval(..., ahead=1)``):
+  the device runs a stage while the host builds the next;
 - ``nuvec-mx-eval``: nuvec's checkpoint on every block inside mlx-lm's own trainer
   step (``mx.compile``, ``mx.eval``): what ``nv.checkpoint_layers(model)`` before
   ``mlx_lm.tuner.trainer.train`` gives, unstaged.
@@ -45,10 +47,10 @@ import nuvec_mlx as nv
 from nuvec_mlx import mlx_lm as nv_mlx_lm
 from nuvec_mlx_bench import architectures
 
-STRATEGIES = ("none", "mlx-lm", "nuvec", "nuvec-inf", "nuvec-mx-eval")
+STRATEGIES = ("none", "mlx-lm", "nuvec", "nuvec-inf", "nuvec-ahead", "nuvec-mx-eval")
 #: The strategies that checkpoint with nuvec, and those of them that run nuvec's step and nv.eval.
-NUVEC = ("nuvec", "nuvec-inf", "nuvec-mx-eval")
-STAGED = ("nuvec", "nuvec-inf")
+NUVEC = ("nuvec", "nuvec-inf", "nuvec-ahead", "nuvec-mx-eval")
+STAGED = ("nuvec", "nuvec-inf", "nuvec-ahead")
 MODES = ("full", "lora", "qlora")
 
 
@@ -156,6 +158,8 @@ class Case:
             nv.eval(self.state, outputs, budget=math.inf)
         elif self.strategy == "nuvec":
             nv.eval(self.state, outputs)
+        elif self.strategy == "nuvec-ahead":
+            nv.eval(self.state, outputs, ahead=1)
         else:
             mx.eval(self.state, outputs)
 

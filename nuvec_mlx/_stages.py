@@ -250,6 +250,11 @@ def observing(callback: Callable[[int, int, str], None]) -> Iterator[None]:
         _observers.reset(token)
 
 
+def observed() -> bool:
+    """Whether a callback observes the stages here (it reads memory after each one)."""
+    return bool(_observers.get())
+
+
 def evaluated(index: int, count: int, stage_kind: str) -> None:
     """Tell the observers in force that stage ``index`` of ``count`` has been evaluated."""
     for callback in _observers.get():

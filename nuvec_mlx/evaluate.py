@@ -7,6 +7,10 @@ evaluator, which runs up to ten tasks ahead of the device, never has more
 than one block in flight. Arrays with no stages are evaluated as
 :func:`mlx.core.eval` evaluates them.
 
+Waiting for each stage leaves the device idle while the host builds the
+next one; ``ahead`` stages queued beyond the one waited for hide that, at the
+cost of their memory (one more block in flight per stage ahead).
+
 A budget adds a throttle: MLX's evaluator also waits for queued work
 whenever active memory exceeds MLX's memory limit, so a limit set just above
 the memory the evaluation starts with holds the evaluator back within a
@@ -31,7 +35,7 @@ from . import _stages, _validate, memory
 _limit_lock = threading.RLock()
 
 
-def eval(*arrays: Any, budget: int | float | None = None) -> None:
+def eval(*arrays: Any, budget: int | float | None = None, ahead: int = 0) -> None:
     """Evaluate arrays as :func:`mlx.core.eval` does, within a memory budget.
 
     Args:
@@ -53,20 +57,29 @@ def eval(*arrays: Any, budget: int | float | None = None) -> None:
     """
     if budget is not None:
         _validate.check_budget(budget, "budget")
+    _validate.check_int(ahead, "ahead", minimum=0)
     taken = _stages.take(arrays)
     stages = taken.stages
     nbytes = memory.current_budget(staged=bool(stages)) if budget is None else budget
     try:
         with _throttle(nbytes):
-            for i, stage in enumerate(stages):
-                mx.eval(stage)
-                _stages.evaluated(i, len(stages), _stages.kind(stage))
-            mx.eval(*arrays)
-            _stages.evaluated(len(stages), len(stages), "outputs")
+            _evaluate_stages(stages, arrays, 0 if _stages.observed() else ahead)
     except BaseException:
         for undo in taken.undos:
             undo()
         raise
+
+
+def _evaluate_stages(stages: list[mx.array], arrays: tuple[Any, ...], ahead: int) -> None:
+    """Evaluate ``stages`` one by one, then ``arrays``, with up to ``ahead`` of them queued past the one waited for."""
+    work = [*stages, arrays]
+    queued = 0  # work[:queued] is on the device's queue
+    for i, item in enumerate(work):
+        while ahead and queued < min(len(work), i + 1 + ahead):
+            mx.async_eval(work[queued])
+            queued += 1
+        mx.eval(item)
+        _stages.evaluated(i, len(stages), _stages.kind(item) if i < len(stages) else "outputs")
 
 
 @contextlib.contextmanager

@@ -23,6 +23,8 @@
 #               grad_checkpoint, nuvec; peak against length and the largest length in 16 GiB
 #   train-moe   the same on the MoE (qwen3_moe, 8 experts, top 2, same sizes)
 #   train       both (longer than one device call: run the halves where calls are limited)
+#               TRAIN_ARGS adds arguments to the train parts' command (later ones win), for example
+#               TRAIN_ARGS="--modes full --strategies none,mlx-lm,nuvec" bash scripts/run_cuda.sh OUT train-moe
 #   plan        the planner's budget sweep (benchmarks/plan_sweep.py --suite full) on the MLP and the
 #               transformer: plans from the smallest reachable peak to the unchecked one, against every
 #               block, every 2nd and sqrt(n) segments checkpointed
@@ -105,7 +107,7 @@ with_mlx_lm() {
   [ -d "$SITE/mlx_lm" ] || $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$LM_WHEELS"/*.whl
   $PY -c "import mlx_lm, nuvec_mlx.mlx_lm; print('mlx-lm', mlx_lm.__version__)"
 }
-train() { with_mlx_lm && $PY -m nuvec_mlx_bench.train --suite h200 "$@"; }
+train() { with_mlx_lm && $PY -m nuvec_mlx_bench.train --suite h200 "$@" ${TRAIN_ARGS:-}; }
 part_train_llama() { train --archs llama --out "$out/train-llama"; }
 part_train_moe() { train --archs qwen3_moe --out "$out/train-moe"; }
 part_train() { part_train_llama; local status=$?; part_train_moe || status=1; return $status; }
