@@ -11,7 +11,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from nuvec_mlx import mlx_lm as nv_mlx_lm  # noqa: E402
 from nuvec_mlx_bench import budgets, measure  # noqa: E402
+from nuvec_mlx_bench.train_steps import AHEAD  # noqa: E402
 from nuvec_mlx_bench.report import caption, save_figure  # noqa: E402
 
 MiB = 1 << 20
@@ -68,8 +70,9 @@ def notes(rows: list[dict], args: argparse.Namespace) -> list[str]:
         f"- times: {measure.TIMES}; tokens/s = batch x seq / the median step time",
         "- strategies: `none` and `mlx-lm` are mlx-lm's trainer step (`mx.compile` of `nn.value_and_grad`, "
         "`mx.eval`), `mlx-lm` with its `grad_checkpoint`; `nuvec` is `nuvec_mlx.mlx_lm.training_step` with every "
-        f"block checkpointed, `nv.eval` at {budgets.budget_text(args.budget)}; `nuvec-inf` the same at budget inf; "
-        "`nuvec-ahead` the same with one stage queued ahead (`nv.eval(..., ahead=1)`); "
+        f"block checkpointed, `nv.eval` at {budgets.budget_text(args.budget)} with the trainer's stages ahead "
+        f"(`nuvec_mlx.mlx_lm.default_ahead()`, here {nv_mlx_lm.default_ahead()}); `nuvec-inf` the same at budget inf; "
+        "`nuvec-aheadN` the same with N stages queued ahead (`nv.eval(..., ahead=N)`); "
         "`nuvec-mx-eval` nuvec's checkpoint on every block in mlx-lm's own step (`mx.compile`, `mx.eval`)",
     ]
     if args.seqs:
@@ -83,7 +86,7 @@ def notes(rows: list[dict], args: argparse.Namespace) -> list[str]:
     for label in dict.fromkeys(r["label"] for r in rows):
         by = {r["strategy"]: r for r in rows if r["label"] == label}
         theirs = by.get("mlx-lm")
-        for ours in (by.get(s) for s in ("nuvec", "nuvec-inf", "nuvec-ahead")):
+        for ours in (by.get(s) for s in ("nuvec", "nuvec-inf", *AHEAD)):
             if not ours or not theirs:
                 continue
             peak, time = TARGETS[ours["workload"]["mode"]]
@@ -103,7 +106,7 @@ def plot(rows: list[dict], memory_mib: float) -> plt.Figure | None:
         return None
     fig, axes = plt.subplots(len(labels), 1, figsize=(7, 1.5 + 3 * len(labels)), squeeze=False)
     styles = {"none": ("tab:gray", "o-"), "mlx-lm": ("tab:blue", "s-"), "nuvec": ("tab:green", "o-"),
-              "nuvec-inf": ("tab:olive", "^--"), "nuvec-ahead": ("tab:cyan", "d-"), "nuvec-mx-eval": ("tab:purple", "v:")}
+              "nuvec-inf": ("tab:olive", "^--"), "nuvec-ahead0": ("tab:cyan", "d-"), "nuvec-ahead1": ("tab:brown", "d--"), "nuvec-ahead2": ("tab:pink", "d:"), "nuvec-mx-eval": ("tab:purple", "v:")}
     for ax, label in zip(axes[:, 0], labels):
         for r in (r for r in rows if r["label"] == label):
             points = sorted({int(k): v for k, v in {**r.get("sweep", {}), **r.get("search", {})}.items()}.items())

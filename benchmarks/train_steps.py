@@ -10,11 +10,13 @@ The strategies, each the step a user's trainer runs:
   one class);
 - ``nuvec``: ``nuvec-mlx-lora --grad-checkpoint``: every block checkpointed by
   nuvec, the step of :func:`nuvec_mlx.mlx_lm.training_step`, :func:`nuvec_mlx.eval`
-  at nuvec_mlx's default budget (or the one in force);
+  at nuvec_mlx's default budget (or the one in force), the trainer's stages
+  ahead (:func:`nuvec_mlx.mlx_lm.default_ahead`: 1 on a GPU, 0 on the CPU);
 - ``nuvec-inf``: the same, ``nv.eval`` at budget ``math.inf``: no throttle within
   the stages (on a GPU, nuvec_mlx's default; on a CPU the default throttles at 1 MiB);
-- ``nuvec-ahead``: ``nuvec`` with one stage queued ahead (``nv.eval(..., ahead=1)``):
-  the device runs a stage while the host builds the next;
+- ``nuvec-ahead0``, ``nuvec-ahead1``, ``nuvec-ahead2``: ``nuvec`` with that many
+  stages queued ahead (``nv.eval(..., ahead=n)``): 0 waits for each stage before
+  the host builds the next, more let the device run while the host builds;
 - ``nuvec-mx-eval``: nuvec's checkpoint on every block inside mlx-lm's own trainer
   step (``mx.compile``, ``mx.eval``): what ``nv.checkpoint_layers(model)`` before
   ``mlx_lm.tuner.trainer.train`` gives, unstaged.
@@ -47,10 +49,12 @@ import nuvec_mlx as nv
 from nuvec_mlx import mlx_lm as nv_mlx_lm
 from nuvec_mlx_bench import architectures
 
-STRATEGIES = ("none", "mlx-lm", "nuvec", "nuvec-inf", "nuvec-ahead", "nuvec-mx-eval")
+#: The strategies that set nv.eval's ahead, and to what.
+AHEAD = {"nuvec-ahead0": 0, "nuvec-ahead1": 1, "nuvec-ahead2": 2}
+STRATEGIES = ("none", "mlx-lm", "nuvec", "nuvec-inf", *AHEAD, "nuvec-mx-eval")
 #: The strategies that checkpoint with nuvec, and those of them that run nuvec's step and nv.eval.
-NUVEC = ("nuvec", "nuvec-inf", "nuvec-ahead", "nuvec-mx-eval")
-STAGED = ("nuvec", "nuvec-inf", "nuvec-ahead")
+STAGED = ("nuvec", "nuvec-inf", *AHEAD)
+NUVEC = (*STAGED, "nuvec-mx-eval")
 MODES = ("full", "lora", "qlora")
 
 
@@ -154,12 +158,10 @@ class Case:
 
     def evaluate(self, outputs: Any) -> None:
         """Evaluate a step as its trainer does: ``nv.eval`` for nuvec, ``mx.eval`` for mlx-lm's."""
-        if self.strategy == "nuvec-inf":
-            nv.eval(self.state, outputs, budget=math.inf)
-        elif self.strategy == "nuvec":
-            nv.eval(self.state, outputs)
-        elif self.strategy == "nuvec-ahead":
-            nv.eval(self.state, outputs, ahead=1)
+        if self.strategy in STAGED:
+            budget = math.inf if self.strategy == "nuvec-inf" else None
+            ahead = AHEAD.get(self.strategy, nv_mlx_lm.default_ahead())
+            nv.eval(self.state, outputs, budget=budget, ahead=ahead)
         else:
             mx.eval(self.state, outputs)
 

@@ -72,14 +72,14 @@ def eval(*arrays: Any, budget: int | float | None = None, ahead: int = 0) -> Non
 
 def _evaluate_stages(stages: list[mx.array], arrays: tuple[Any, ...], ahead: int) -> None:
     """Evaluate ``stages`` one by one, then ``arrays``, with up to ``ahead`` of them queued past the one waited for."""
-    work = [*stages, arrays]
+    work = [(stage,) for stage in stages] + [arrays]
     queued = 0  # work[:queued] is on the device's queue
     for i, item in enumerate(work):
         while ahead and queued < min(len(work), i + 1 + ahead):
-            mx.async_eval(work[queued])
+            mx.async_eval(*work[queued])
             queued += 1
-        mx.eval(item)
-        _stages.evaluated(i, len(stages), _stages.kind(item) if i < len(stages) else "outputs")
+        mx.eval(*item)
+        _stages.evaluated(i, len(stages), _stages.kind(item[0]) if i < len(stages) else "outputs")
 
 
 @contextlib.contextmanager

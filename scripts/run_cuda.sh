@@ -30,13 +30,16 @@
 #               block, every 2nd and sqrt(n) segments checkpointed
 #   plan-llama  the same on a random-weight mlx-lm Llama (hidden 2048, 16 layers, seq 2048, batch 4):
 #               needs mlx-lm (below)
+#   tests       pytest on the GPU (MLX's default device there): $TESTS, by default the mlx-lm tests
+#               (nuvec-mlx-lora's losses and adapters bitwise equal to mlx_lm.lora's, seven architectures,
+#               full, LoRA and QLoRA) and nv.eval's; needs mlx-lm (below)
 #   all         every part but the train parts, each whether or not the one before failed, then OUTDIR packed into
 #               OUTDIR.tgz (the device returns at most 8 files: keep OUTDIR outside the folder
 #               that comes back and copy OUTDIR.tgz into it)
 # A part that fails says so at the end of its log and on the console; the others still run, and
 # the script's exit status is 1 if any part failed.
 set -uo pipefail
-usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|mlx-graphs|budgets|budget0|train|train-llama|train-moe|plan|plan-llama|all"
+usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|mlx-graphs|budgets|budget0|train|train-llama|train-moe|plan|plan-llama|tests|all"
 out=${1:?$usage}
 part=${2:?$usage}
 # The machine's paths, each overridable from the environment.
@@ -112,6 +115,8 @@ part_train_llama() { train --archs llama --out "$out/train-llama"; }
 part_train_moe() { train --archs qwen3_moe --out "$out/train-moe"; }
 part_train() { part_train_llama; local status=$?; part_train_moe || status=1; return $status; }
 
+part_tests() { with_mlx_lm && $PY -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_mlx_lm.py tests/test_evaluate.py}; }
+
 failed=0
 run_part() {  # run_part NAME: the part's output into its log; a failure is said, not fatal
   local name=$1 log="$out/$1.log" status
@@ -127,7 +132,7 @@ run_part() {  # run_part NAME: the part's output into its log; a failure is said
 }
 
 case $part in
-  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|mlx-graphs|budgets|budget0|train|train-llama|train-moe|plan|plan-llama)
+  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|mlx-graphs|budgets|budget0|train|train-llama|train-moe|plan|plan-llama|tests)
     run_part "$part" ;;
   all)
     for p in suite mlx-graphs budgets budget0 plan plan-llama; do run_part "$p"; done

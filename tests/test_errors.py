@@ -159,7 +159,7 @@ CATALOGUE = [
      ValueError, r"^segments must be 'sqrt' or an int, got 'log'$"),
     ("checkpoint_sequential: more segments than layers", lambda: nv.checkpoint_sequential([nn.Linear(2, 2)], 2),
      ValueError, r"^segments must be at most the 1 layers, got 2$"),
-    # eval (it takes whatever mx.eval takes: only its budget can be wrong)
+    # eval (it takes whatever mx.eval takes: only its budget and ahead can be wrong)
     ("eval: budget negative", lambda: nv.eval(a, budget=-1),
      ValueError, r"^budget must be >= 0 bytes, got -1$"),
     ("eval: budget a fraction", lambda: nv.eval(a, budget=1.5),
@@ -168,6 +168,8 @@ CATALOGUE = [
      TypeError, r"^budget must be an int number of bytes or math.inf, got float \(nan\)$"),
     ("eval: budget -inf", lambda: nv.eval(a, budget=-math.inf),
      TypeError, r"^budget must be an int number of bytes or math.inf, got float \(-inf\)$"),
+    ("eval: ahead negative", lambda: nv.eval(a, ahead=-1), ValueError, r"^ahead must be >= 0, got -1$"),
+    ("eval: ahead a bool", lambda: nv.eval(a, ahead=True), TypeError, r"^ahead must be an int, got bool \(True\)$"),
     # memory
     ("memory.budget: negative", lambda: enter(nv.memory.budget(-5)),
      ValueError, r"^nbytes must be >= 0 bytes, got -5$"),
@@ -194,6 +196,10 @@ CATALOGUE = [
     # mlx_lm
     ("mlx_lm.train: args not TrainingArgs", lambda: nvlm.train(nn.Linear(2, 2), optim.Adam(1e-3), [], args={}),
      TypeError, r"^args must be an mlx_lm.tuner.trainer.TrainingArgs, got dict$"),
+    ("mlx_lm.default_ahead: device a string", lambda: nvlm.default_ahead("gpu"),
+     TypeError, r"^device must be an mlx.core.Device, a device type or None, got str$"),
+    ("mlx_lm.train: ahead negative", lambda: nvlm.train(nn.Linear(2, 2), optim.Adam(1e-3), [], ahead=-1),
+     ValueError, r"^ahead must be >= 0, got -1$"),
     ("mlx_lm.train: grad_accumulation_steps zero",
      lambda: nvlm.train(nn.Linear(2, 2), optim.Adam(1e-3), [], args=TrainingArgs(grad_accumulation_steps=0)),
      ValueError, r"^grad_accumulation_steps must be >= 1, got 0$"),

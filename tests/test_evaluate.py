@@ -201,3 +201,65 @@ def test_checkpoints_inside_a_users_own_mx_compile_evaluate_unstaged_and_right(m
         assert len(spy.calls) == 1
         monkeypatch.undo()
         assert_close([value, *grads], [expected[0], *expected[1]], 1e-6)
+
+
+class QueueSpy:
+    """Records, in order, what nv.eval queues (mx.async_eval) and waits for (mx.eval), by position in its work."""
+
+    def __init__(self, monkeypatch, work: list):
+        self.events, real_async, real_eval = [], mx.async_eval, mx.eval
+        where = lambda args: next(i for i, w in enumerate(work) if args[0] is w[0])  # noqa: E731
+
+        def queued(*args):
+            self.events.append(("queue", where(args)))
+            real_async(*args)
+
+        def waited(*args):
+            self.events.append(("wait", where(args)))
+            real_eval(*args)
+
+        monkeypatch.setattr(mx, "async_eval", queued)
+        monkeypatch.setattr(mx, "eval", waited)
+
+
+@pytest.mark.parametrize("ahead", [0, 1, 2])
+def test_eval_ahead_queues_that_many_stages_past_the_one_it_waits_for(monkeypatch, compiled, ahead):
+    from nuvec_mlx import _stages
+
+    blocks = 3
+    sc = _mlp_step("nuvec", blocks=blocks)
+    nv.eval(sc.step(sc.inputs))  # compile
+    outputs = sc.step(sc.inputs)
+    stages = [e.stages for e in _stages._entries() if e.stages][-1]
+    work = [(stage,) for stage in stages] + [(outputs,)]
+    spy = QueueSpy(monkeypatch, work)
+    nv.eval(outputs, ahead=ahead)
+    waits = [i for op, i in spy.events if op == "wait"]
+    assert waits == list(range(len(work)))  # every stage, in order, then the outputs
+    for n, (op, i) in enumerate(spy.events):
+        if op == "wait":
+            queued = {j for o, j in spy.events[:n] if o == "queue"}
+            assert queued == (set(range(min(len(work), i + 1 + ahead))) if ahead else set()), (i, queued)
+
+
+def test_eval_ahead_gives_the_results_of_waiting_for_every_stage(compiled):
+    results = []
+    for ahead in (0, 1, 2):
+        sc = _mlp_step("nuvec", blocks=4, weight_grads=True)
+        outputs = sc.step(sc.inputs)
+        nv.eval(outputs, ahead=ahead)
+        results.append(outputs)
+    for other in results[1:]:
+        assert all(mx.array_equal(a, b).item() for a, b in zip(results[0], other))
+
+
+@pytest.mark.parametrize("watch", ["timeline", "ceiling"])
+def test_eval_waits_for_every_stage_while_memory_is_read_after_each(monkeypatch, compiled, watch):
+    sc = _mlp_step("nuvec", blocks=3)
+    nv.eval(sc.step(sc.inputs))
+    queued = []
+    monkeypatch.setattr(mx, "async_eval", lambda *args: queued.append(args))
+    context = nv.memory.timeline() if watch == "timeline" else nv.memory.ceiling(1 << 40)
+    with context:
+        nv.eval(sc.step(sc.inputs), ahead=2)
+    assert queued == []

@@ -184,6 +184,23 @@ def test_train_checkpoints_every_block_for_the_run_only_and_reports_the_step_pea
     assert (tmp_path / "adapters.safetensors").exists()
 
 
+@pytest.mark.parametrize("ahead, expected", [(None, 3), (0, 0)], ids=["device default", "given"])
+def test_train_queues_the_device_default_or_the_given_stages_ahead(folders, data, tmp_path, eager, monkeypatch,
+                                                                     ahead, expected):
+    model, args, train_set, _ = lora_model(folders("llama", "lora"), data)
+    args.adapter_file = str(tmp_path / "adapters.safetensors")
+    monkeypatch.setattr(nvlm, "default_ahead", lambda device=None: 3)
+    seen, real = [], nvlm.nv_eval
+    monkeypatch.setattr(nvlm, "nv_eval", lambda *a, **kw: seen.append(kw["ahead"]) or real(*a, **kw))
+    nvlm.train(model, optim.Adam(1e-3), train_set, args=args, ahead=ahead)
+    assert seen == [expected] * args.iters
+
+
+def test_default_ahead_is_one_on_a_gpu_and_zero_on_the_cpu():
+    assert [nvlm.default_ahead(d) for d in (mx.gpu, mx.Device(mx.gpu, 0), mx.cpu, mx.Device(mx.cpu))] == [1, 1, 0, 0]
+    assert nvlm.default_ahead() == nvlm.default_ahead(mx.default_device())
+
+
 def test_report_line_is_mlx_lm_s_with_the_peak_at_its_end(capsys):
     with _train_report.TrainUI(2) as ui:
         ui.report_train(1, 2.5, 1234.0, 4000, step_peak=1_234_000_000)
