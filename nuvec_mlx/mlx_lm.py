@@ -66,8 +66,9 @@ def default_ahead(device: mx.Device | None = None) -> int:
     """The stages :func:`train` queues ahead (``nv.eval``'s ``ahead``) on ``device``.
 
     1 on a GPU: without it the device idles while the host builds each
-    stage, and a step took 1.08-1.12x mlx-lm's on an H200; with it
-    0.94-1.08x, at a peak 10-30% higher (``benchmarks/results/h200/``).
+    stage, and a step took 1.00-1.18x mlx-lm's on an H200; with it
+    0.94-1.10x, at a peak 4-43% higher, still 0.26-0.38 of mlx-lm's
+    (``benchmarks/results/h200/2026-12-04-ahead/``).
     0 on the CPU, where the host's work is small beside the kernels'.
 
     Args:
