@@ -48,12 +48,21 @@ def eval(*arrays: Any, budget: int | float | None = None, ahead: int = 0) -> Non
             the budget in force (:func:`nuvec_mlx.memory.budget`), ``math.inf``
             turns the throttle off (the stages, if any, are still evaluated
             one by one; without stages this is :func:`mlx.core.eval`).
+        ahead: stages queued on the device (:func:`mlx.core.async_eval`)
+            beyond the one the host waits for, so that the device runs one
+            while the host builds the next: 0 (the default, the lowest peak)
+            waits for each stage before building the next; each stage ahead
+            keeps one more block in flight. Inside
+            :func:`nuvec_mlx.memory.ceiling` and
+            :func:`nuvec_mlx.memory.timeline`, which read memory after each
+            stage, it is 0.
 
     The memory limit is restored afterwards, also when evaluation raises.
 
     Example:
         >>> nv.eval(loss, grads)
         >>> nv.eval({"loss": loss, "grads": grads}, budget=64 << 20)
+        >>> nv.eval(loss, state, ahead=1)  # faster on a GPU, one more block in flight
     """
     if budget is not None:
         _validate.check_budget(budget, "budget")

@@ -1,10 +1,13 @@
 """Throw-away probe: which stages pay on this machine? (ran at the commit its results README names)
 
-Measures the MLP workloads with nuvec's checkpoint, evaluated four ways, round-robin in one
+Measures the MLP workloads with nuvec's checkpoint, evaluated six ways, round-robin in one
 process: staged as nuvec_mlx does by default (a stage after every block's forward and every
-block's backward), backward stages only (forward marks switched off while the step is traced),
-staged with the throttle at budget 0, and plain ``mx.eval`` of the same compiled step; with the
-plain step (``none``, ``mx.eval``) as the base. Run it once with ``MLX_MAX_OPS_PER_BUFFER=1`` and
+block's backward), staged with ``mx.synchronize()`` after each stage (as inside
+``nv.memory.timeline`` and the planner's trial steps: on CUDA a stage's buffers are released by
+MLX's completion worker after the GPU passes them, later than ``mx.eval`` returns), staged with
+one stage queued ahead, backward stages only (forward marks switched off while the step is
+traced), staged with the throttle at budget 0, and plain ``mx.eval`` of the same compiled step;
+with the plain step (``none``, ``mx.eval``) as the base. Run it once with ``MLX_MAX_OPS_PER_BUFFER=1`` and
 once without, to see what staging needs from the size of MLX's command buffers::
 
     python benchmarks/probes/staging_variants.py OUT.json [--repeats 9] [--shapes 4096x256,16384x1024]
@@ -33,16 +36,24 @@ def forward_marks(on: bool):
     """Trace with (or without) the marks after each block's forward."""
     real = stages.mark
     if not on:
-        stages.mark = lambda arrays, kind: list(arrays) if kind == stages.FORWARD else real(arrays, kind)
+        stages.mark = lambda arrays, kind, *rest: list(arrays) if kind == stages.FORWARD else real(arrays, kind, *rest)
     try:
         yield
     finally:
         stages.mark = real
 
 
+def synchronized(outputs) -> None:
+    """nv.eval with mx.synchronize() after every stage."""
+    with stages.observing(lambda *_: mx.synchronize()):
+        nv.eval(outputs)
+
+
 VARIANTS = {  # name: (strategy, forward marks, evaluate)
     "none": ("none", True, mx.eval),
     "staged": ("nuvec", True, nv.eval),
+    "staged-synchronized": ("nuvec", True, synchronized),
+    "staged-ahead1": ("nuvec", True, lambda o: nv.eval(o, ahead=1)),
     "backward-stages-only": ("nuvec", False, nv.eval),
     "staged-budget0": ("nuvec", True, lambda o: nv.eval(o, budget=0)),
     "unstaged-mx.eval": ("nuvec", True, mx.eval),
