@@ -29,7 +29,9 @@ Needs mlx-lm: ``pip install "nuvec-mlx[mlx-lm]"``.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import functools
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -69,7 +71,8 @@ def default_ahead(device: mx.Device | None = None) -> int:
     stage, and a step took 1.00-1.18x mlx-lm's on an H200; with it
     0.94-1.10x, at a peak 4-43% higher, still 0.26-0.38 of mlx-lm's
     (``benchmarks/results/h200/2026-12-04-ahead/``).
-    0 on the CPU, where the host's work is small beside the kernels'.
+    0 on the CPU, where the host's work is small beside the kernels'. On
+    Metal (a GPU too) it has not been measured.
 
     Args:
         device: an :class:`mlx.core.Device` or a device type (``mx.gpu``,
@@ -299,7 +302,9 @@ def main(argv: list[str] | None = None) -> None:
     """The ``nuvec-mlx-lora`` command: ``mlx_lm.lora`` training with :func:`train`.
 
     It takes ``mlx_lm.lora``'s arguments and config files unchanged
-    (``--grad-checkpoint`` checkpoints every block with nuvec).
+    (``--grad-checkpoint`` checkpoints every block with nuvec), and one more:
+    ``--stages-ahead N`` (``stages_ahead`` in a config file), :func:`train`'s
+    ``ahead``: 0 for the lowest peak; by default :func:`default_ahead`.
 
     Args:
         argv: the arguments, as on the command line (default ``sys.argv[1:]``).
@@ -312,6 +317,30 @@ def main(argv: list[str] | None = None) -> None:
     # Imported here: importing mlx_lm.lora changes yaml's SafeLoader for every user of yaml.
     from mlx_lm import lora
 
+    mlx_lm_parser, mlx_lm_run = lora.build_parser, lora.run
+
+    def build_parser() -> argparse.ArgumentParser:
+        parser = mlx_lm_parser()
+        parser.add_argument("--stages-ahead", type=_stages_ahead, default=None,
+                            help="nuvec: checkpointed stages queued ahead of the one waited for; 0 gives the "
+                                 "lowest peak (default: 1 on a GPU, 0 on the CPU)")
+        return parser
+
+    def run(args: Any) -> None:
+        with _swapped(lora, "train", functools.partial(train, ahead=getattr(args, "stages_ahead", None))):
+            mlx_lm_run(args)
+
     command = [PROG, *(sys.argv[1:] if argv is None else argv)]
-    with _swapped(sys, "argv", command), _swapped(lora, "train", train):
+    with _swapped(sys, "argv", command), _swapped(lora, "build_parser", build_parser), _swapped(lora, "run", run):
         lora.main()
+
+
+def _stages_ahead(text: str) -> int:
+    """``--stages-ahead``'s value: an int >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {value}")
+    return value

@@ -196,6 +196,27 @@ def test_train_queues_the_device_default_or_the_given_stages_ahead(folders, data
     assert seen == [expected] * args.iters
 
 
+@pytest.mark.parametrize("where", ["flag", "config file"])
+def test_the_command_takes_stages_ahead_as_a_flag_or_from_a_config_file(folders, data, tmp_path, eager, monkeypatch,
+                                                                        capsys, where):
+    argv = lora_args(folders("llama", "lora"), data, tmp_path / "adapters", "lora", "--grad-checkpoint")
+    if where == "flag":
+        argv += ["--stages-ahead", "2"]
+    else:
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump({"stages_ahead": 2}))
+        argv += ["--config", str(tmp_path / "config.yaml")]
+    seen, real = [], nvlm.nv_eval
+    monkeypatch.setattr(nvlm, "nv_eval", lambda *a, **kw: seen.append(kw["ahead"]) or real(*a, **kw))
+    run_nuvec_mlx_lora(argv, capsys)
+    assert seen == [2] * 5
+
+
+def test_the_command_refuses_a_negative_stages_ahead(capsys):
+    with pytest.raises(SystemExit):
+        nvlm.main(["--stages-ahead", "-1"])
+    assert "argument --stages-ahead: expected an int >= 0, got -1" in capsys.readouterr().err
+
+
 def test_default_ahead_is_one_on_a_gpu_and_zero_on_the_cpu():
     assert [nvlm.default_ahead(d) for d in (mx.gpu, mx.Device(mx.gpu, 0), mx.cpu, mx.Device(mx.cpu))] == [1, 1, 0, 0]
     assert nvlm.default_ahead() == nvlm.default_ahead(mx.default_device())
