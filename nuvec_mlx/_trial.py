@@ -108,12 +108,19 @@ class Trial:
             return nv_compile(step, inputs=state, outputs=state), state
         return step, state
 
-    def measure(self, batch: Any, steps: int = 2) -> list[Reading]:
+    def measure(self, batch: Any, steps: int = 2, as_run: bool = False) -> list[Reading]:
         """Run ``steps`` steps on ``batch`` (a fresh trace: the modes may have changed); their readings.
 
         Every step starts from the same parameters, optimizer state and random
         key, and they are put back after the last. The first step also traces
         the step and compiles its kernels: its memory counts, its time does not.
+
+        Each step is read after every stage, and a reading calls
+        :func:`mlx.core.synchronize`, which on CUDA also waits for MLX's worker
+        to free the stage's buffers; :func:`nuvec_mlx.eval` alone goes on to the
+        next stage without that wait, so an observed step can peak lower than
+        the step as it runs. With ``as_run``, one more step runs unobserved,
+        and every reading's peak is at least that step's.
         """
         gc.collect()  # arrays held only by reference cycles (of earlier steps, of the caller) go first
         step, state = self._step()
@@ -131,6 +138,11 @@ class Trial:
                 del out
                 undo()
                 readings.append(Reading(m.start, max(r.peak for r in t.readings), seconds, t.readings))
+            if as_run:
+                with memory.measure() as m:
+                    nv_eval(step(*args), state)
+                undo()
+                readings = [dataclasses.replace(r, peak=max(r.peak, m.start + m.peak)) for r in readings]
         finally:
             undo()
         return readings

@@ -157,7 +157,7 @@ def largest_fit(
     peaks: list[tuple[int, int]] = []
 
     def peak(size: int) -> int:
-        readings = trial.measure(make_batch(size))
+        readings = trial.measure(make_batch(size), as_run=True)
         peaks.append((size, max(r.peak for r in readings)))
         bar.update()
         return peaks[-1][1]

@@ -10,8 +10,9 @@ the block a stage). Staged evaluation gives a reading per block and stage
 to its backward pass, its stages' peaks, and its backward pass's time, which
 shows what recomputing it costs. From those it predicts the peak of any mix of
 modes, chooses the mix with the least recompute time whose predicted peak fits
-(:mod:`nuvec_mlx._choose`), applies it, runs the step and measures the peak.
-If the measured peak misses the budget, it lowers its target by the miss and
+(:mod:`nuvec_mlx._choose`), applies it, runs the step and measures the peak,
+also of a step read only at its end, as it runs outside the planner (on CUDA
+the readings after each stage free buffers sooner). If the measured peak misses the budget, it lowers its target by the miss and
 chooses again (at most ``corrections`` times); if no mix fits, it says so, with
 the smallest peak it can reach, measured.
 
@@ -133,9 +134,9 @@ class Planner:
         self.profiles: dict[str, Profile] = {}
         self.unchecked: list[_trial.Reading] = []
 
-    def measure(self, modes: Sequence[str]) -> list[_trial.Reading]:
+    def measure(self, modes: Sequence[str], as_run: bool = False) -> list[_trial.Reading]:
         self.trial.set_modes([m if m == PLAIN else self.modes[m] for m in modes])
-        return self.trial.measure(self.batch)
+        return self.trial.measure(self.batch, as_run=as_run)
 
     def profile(self) -> None:
         n = len(self.trial.blocks)
@@ -213,7 +214,7 @@ class Planner:
                     choice = _choose.choose(options, budget - start - margin, outputs)
                 if choice is None:
                     break
-                reading = _highest(self.measure(choice.modes))
+                reading = _highest(self.measure(choice.modes, as_run=True))
                 bar.update()
                 history.append((choice, reading, margin))
                 if reading.peak <= budget:
@@ -223,7 +224,7 @@ class Planner:
                 plain = False
         least = self.smallest()
         if not history or history[-1][0].modes != least.modes:
-            history.append((least, _highest(self.measure(least.modes)), self.jitter()))
+            history.append((least, _highest(self.measure(least.modes, as_run=True)), self.jitter()))
         return Plan(self, budget, history, fits=history[-1][1].peak <= budget)
 
 
@@ -283,7 +284,7 @@ class Plan:
         return self
 
     def replan(self, budget: int) -> Plan:
-        """A plan for another budget from the same measurements (verified by one more step pair).
+        """A plan for another budget from the same measurements (verified by measuring its step again).
 
         Example:
             >>> tighter = plan.replan(8 << 30)

@@ -102,3 +102,21 @@ def tiny_llama(layers: int = 4, hidden: int = 64, vocab: int = 256, seed: int = 
         num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=vocab))
     mx.eval(model.parameters())
     return model
+
+
+def held_while_unobserved(monkeypatch, extra: int) -> None:
+    """nv.eval in trial steps holds ``extra`` more bytes when nothing reads memory after each stage,
+    as CUDA holds a stage's buffers until MLX's worker frees them, later than mx.eval returns."""
+    from nuvec_mlx import _stages, _trial  # the trial's own nv.eval
+
+    real = _trial.nv_eval
+
+    def late_frees(*arrays, **kwargs):
+        if _stages.observed():
+            return real(*arrays, **kwargs)
+        held = mx.zeros((extra // 4,))
+        mx.eval(held)
+        real(*arrays, **kwargs)
+        del held
+
+    monkeypatch.setattr(_trial, "nv_eval", late_frees)

@@ -9,7 +9,7 @@ import pytest
 
 import nuvec_mlx as nv
 from nuvec_mlx.fit import solve
-from tests.helpers import tiny_llama
+from tests.helpers import held_while_unobserved, tiny_llama
 
 MiB = 1 << 20
 
@@ -62,3 +62,17 @@ def test_the_largest_batch_of_the_benchmark_transformer(compiled):
 def test_sizes_must_be_two_increasing_ints(sizes, error):
     with pytest.raises(error, match="sizes"):
         nv.largest_fit(nn.Linear(2, 2), lambda m, x: m(x).sum(), lambda s: mx.ones((s, 2)), 1 << 20, sizes=sizes)
+
+
+def test_the_largest_fit_is_verified_as_its_step_runs_unobserved(monkeypatch, compiled):
+    from nuvec_mlx_bench import modules
+    from nuvec_mlx_bench.workload import Workload
+
+    model, _ = modules.build(Workload("mlp", batch=64, dim=64, blocks=6))
+    loss_fn = modules.loss
+    make = lambda n: mx.random.normal((n, 64), key=mx.random.key(n))  # noqa: E731
+    first = nv.largest_fit(model, loss_fn, make, budget=16 << 20, sizes=(64, 128), progress=False)
+    extra = 8 << 20
+    held_while_unobserved(monkeypatch, extra)
+    late = nv.largest_fit(model, loss_fn, make, budget=16 << 20, sizes=(64, 128), progress=False)
+    assert all(b >= a + extra - (256 << 10) for (_, a), (_, b) in zip(first.peaks[:2], late.peaks[:2])), (first, late)

@@ -9,7 +9,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 import nuvec_mlx as nv
-from tests.helpers import assert_close, tiny_llama
+from tests.helpers import assert_close, held_while_unobserved, tiny_llama
 
 
 def llama_case():
@@ -111,3 +111,18 @@ def test_a_measured_miss_is_corrected_and_shown(compiled):
     assert plan.corrections and all(measured > budget for _, _, measured in plan.corrections)
     assert plan.fits and plan.measured <= budget
     assert "correction: predicted" in str(plan)
+
+
+def test_a_plan_is_verified_as_its_step_runs_unobserved(monkeypatch, compiled):
+    model, loss_fn, x, _ = bench_case("mlp")
+    first = nv.plan(model, loss_fn, x, budget=1 << 40, progress=False)
+    extra = 2 << 20
+    budget = int((first.smallest + first.unchecked) / 2)
+    observed = first.replan(budget)
+    held_while_unobserved(monkeypatch, extra)
+    plan = first.replan(budget)
+    # The choice that fitted as observed misses as run: the planner corrects it, and still fits.
+    assert observed.fits and not observed.corrections, str(observed)
+    assert plan.corrections and plan.corrections[0][0] == observed.modes, str(plan)
+    assert plan.corrections[0][2] >= observed.measured + extra - (256 << 10), str(plan)
+    assert plan.fits and plan.measured <= budget, str(plan)
