@@ -19,7 +19,7 @@ validation, reports, callbacks and adapter files) with three changes:
   :func:`nuvec_mlx.eval`, one checkpointed block at a time, each block's
   optimizer update right after its backward pass (:func:`nuvec_mlx.update`);
   on a GPU one stage is queued ahead of the one waited for
-  (:func:`default_ahead`), which keeps the step as fast as mlx-lm's;
+  (:func:`default_ahead`), which keeps the step near mlx-lm's time;
 - each report line ends with the peak memory of the steps since the last
   report (``step_peak_memory`` for the callbacks, in GB as mlx-lm's
   ``peak_memory``).
