@@ -210,10 +210,11 @@ def lines(rows: list[dict]) -> list[str]:
 
 def plot(rows: list[dict], env: dict, path: Path) -> Path:
     """Measured peak against budget per model (the line is peak = budget), the rules as marks."""
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     names = list(dict.fromkeys(r["model"] for r in rows))
-    fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 4), squeeze=False)
+    fig = Figure(figsize=(4.5 * len(names), 4))
+    axes = fig.subplots(1, len(names), squeeze=False)
     for ax, name in zip(axes[0], names):
         rs = [r for r in rows if r["model"] == name]
         planned = [r for r in rs if "budget" in r]
@@ -233,7 +234,6 @@ def plot(rows: list[dict], env: dict, path: Path) -> Path:
     fig.text(0.01, 0.01, report.caption(env), fontsize=6, va="bottom", wrap=True)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path
 
 

@@ -6,11 +6,10 @@ import json
 from pathlib import Path
 
 import matplotlib
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from nuvec_mlx_bench.results import label  # noqa: E402
+from nuvec_mlx_bench.results import label
 
 MiB = 1 << 20
 
@@ -98,13 +97,14 @@ def _measured(rows: list[dict], section: str) -> list[dict]:
     return [r for r in rows if r["section"] == section and "error" not in r]
 
 
-def plot_strategies(rows: list[dict]) -> plt.Figure | None:
+def plot_strategies(rows: list[dict]) -> Figure | None:
     """Bars of peak memory per strategy, one panel per workload, its floor a dashed line."""
     rows = _measured(rows, "strategies")
     workloads = list(dict.fromkeys(label(r) for r in rows))
     if not workloads:
         return None
-    fig, axes = plt.subplots(len(workloads), 1, figsize=(9, 2.2 + 2.2 * len(workloads)), squeeze=False)
+    fig = Figure(figsize=(9, 2.2 + 2.2 * len(workloads)))
+    axes = fig.subplots(len(workloads), 1, squeeze=False)
     for ax, w in zip(axes[:, 0], workloads):
         rs = [r for r in rows if label(r) == w]
         names = [f"{r['framework']}\n{r['strategy']}" for r in rs]
@@ -120,12 +120,13 @@ def plot_strategies(rows: list[dict]) -> plt.Figure | None:
     return fig
 
 
-def plot_depth(rows: list[dict]) -> plt.Figure | None:
+def plot_depth(rows: list[dict]) -> Figure | None:
     """Peak memory against the number of blocks, one line per strategy."""
     rows = _measured(rows, "depth")
     if not rows:
         return None
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     for s in dict.fromkeys(r["strategy"] for r in rows):
         rs = sorted((r for r in rows if r["strategy"] == s), key=lambda r: r["blocks"])
         ax.plot([r["blocks"] for r in rs], [r["peak"]["median"] / MiB for r in rs], "o-", label=s)
@@ -138,21 +139,22 @@ def plot_depth(rows: list[dict]) -> plt.Figure | None:
     return fig
 
 
-def plot_time(rows: list[dict]) -> plt.Figure | None:
+def plot_time(rows: list[dict]) -> Figure | None:
     """Step time against peak memory, as ratios to the plain step: one colour per strategy, one marker per workload."""
     rows = [r for r in _measured(rows, "strategies") if "time_ratio" in r]
     if not rows:
         return None
     names = list(dict.fromkeys(f"{r['framework']} {r['strategy']}" for r in rows))
     workloads = list(dict.fromkeys(label(r) for r in rows))
-    colors = plt.get_cmap("tab20")
-    fig, ax = plt.subplots(figsize=(8, 5))
+    colors = matplotlib.colormaps["tab20"]
+    fig = Figure(figsize=(8, 5))
+    ax = fig.subplots()
     for r in rows:
         name = f"{r['framework']} {r['strategy']}"
         ax.scatter(r["peak_ratio"], r["time_ratio"], color=colors(names.index(name) % 20),
                    marker="osD^v<>"[workloads.index(label(r)) % 7])
-    handles = [plt.Line2D([], [], color=colors(i % 20), marker="o", ls="", label=n) for i, n in enumerate(names)]
-    handles += [plt.Line2D([], [], color="k", marker="osD^v<>"[i % 7], ls="", label=w) for i, w in enumerate(workloads)]
+    handles = [Line2D([], [], color=colors(i % 20), marker="o", ls="", label=n) for i, n in enumerate(names)]
+    handles += [Line2D([], [], color="k", marker="osD^v<>"[i % 7], ls="", label=w) for i, w in enumerate(workloads)]
     ax.legend(handles=handles, fontsize=6, loc="center left", bbox_to_anchor=(1, 0.5))
     ax.set_xlabel("peak / plain peak")
     ax.set_ylabel("step time / plain step time")
@@ -160,9 +162,8 @@ def plot_time(rows: list[dict]) -> plt.Figure | None:
     return fig
 
 
-def save_figure(fig: plt.Figure, path: Path, text: str) -> Path:
-    """Write ``fig`` to ``path`` (PNG) with ``text`` (a :func:`caption`) at its foot, and close it."""
+def save_figure(fig: Figure, path: Path, text: str) -> Path:
+    """Write ``fig`` to ``path`` (PNG) with ``text`` (a :func:`caption`) at its foot."""
     fig.text(0.01, 0.01, text, fontsize=6, va="bottom", wrap=True)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path

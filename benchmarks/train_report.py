@@ -6,15 +6,12 @@ import argparse
 import json
 from pathlib import Path
 
-import matplotlib
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from nuvec_mlx import mlx_lm as nv_mlx_lm  # noqa: E402
-from nuvec_mlx_bench import budgets, measure  # noqa: E402
-from nuvec_mlx_bench.train_steps import AHEAD  # noqa: E402
-from nuvec_mlx_bench.report import caption, save_figure  # noqa: E402
+from nuvec_mlx import mlx_lm as nv_mlx_lm
+from nuvec_mlx_bench import budgets, measure
+from nuvec_mlx_bench.report import caption, save_figure
+from nuvec_mlx_bench.train_steps import AHEAD
 
 MiB = 1 << 20
 #: The issue's targets for nuvec against mlx-lm's ``--grad-checkpoint``, set for an H200 at
@@ -98,13 +95,14 @@ def notes(rows: list[dict], args: argparse.Namespace) -> list[str]:
     return lines
 
 
-def plot(rows: list[dict], memory_mib: float) -> plt.Figure | None:
+def plot(rows: list[dict], memory_mib: float) -> Figure | None:
     """Held + step peak against sequence length, one panel per workload, one line per strategy."""
     labels = [label for label in dict.fromkeys(r["label"] for r in rows)
               if any(r.get("sweep") or r.get("search") for r in rows if r["label"] == label)]
     if not labels:
         return None
-    fig, axes = plt.subplots(len(labels), 1, figsize=(7, 1.5 + 3 * len(labels)), squeeze=False)
+    fig = Figure(figsize=(7, 1.5 + 3 * len(labels)))
+    axes = fig.subplots(len(labels), 1, squeeze=False)
     styles = {"none": ("tab:gray", "o-"), "mlx-lm": ("tab:blue", "s-"), "nuvec": ("tab:green", "o-"),
               "nuvec-inf": ("tab:olive", "^--"), "nuvec-ahead0": ("tab:cyan", "d-"), "nuvec-ahead1": ("tab:brown", "d--"), "nuvec-ahead2": ("tab:pink", "d:"), "nuvec-mx-eval": ("tab:purple", "v:")}
     for ax, label in zip(axes[:, 0], labels):

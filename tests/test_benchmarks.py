@@ -7,6 +7,8 @@ the peers' are in tests/test_peers.py.
 import importlib.metadata
 import json
 import math
+import subprocess
+import sys
 import time
 
 import mlx.core as mx
@@ -548,3 +550,12 @@ def test_the_plan_sweep_rejects_what_it_cannot_run(argv):
 
     with pytest.raises(SystemExit):
         plan_sweep.parse_args(argv)
+
+
+def test_the_benchmark_reports_leave_matplotlib_s_backend_as_the_caller_chose():
+    code = ("import matplotlib; matplotlib.use('svg'); "
+            "import nuvec_mlx_bench.report, nuvec_mlx_bench.train_report, nuvec_mlx_bench.plan_sweep; "
+            "print(matplotlib.get_backend())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "svg"
+
