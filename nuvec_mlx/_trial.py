@@ -2,8 +2,7 @@
 
 The planner and the saved-activations report measure the step a user runs:
 the loss and gradients of the model's trainable parameters
-(:func:`nuvec_mlx.value_and_grad`), the optimizer's update when there is one
-(:func:`nuvec_mlx.update`: each checkpointed block's a stage after its backward),
+(:func:`nuvec_mlx.value_and_grad`), the optimizer's update when there is one,
 compiled with :func:`nuvec_mlx.compile` (unless told otherwise) and evaluated
 with :func:`nuvec_mlx.eval`. A trial leaves no trace: the model's parameters,
 the optimizer's state, MLX's random key, and the checkpoint wrapping of the
@@ -29,7 +28,6 @@ from .compile import compile as nv_compile
 from .evaluate import eval as nv_eval
 from .grad import value_and_grad
 from .nn import checkpoint_module
-from .update import update
 
 #: A block that is not wrapped at all (every other mode is a checkpoint policy).
 PLAIN = "plain"
@@ -103,7 +101,7 @@ class Trial:
             loss, grads = vg(self.model, *batch)
             if self.optimizer is None:
                 return loss, grads
-            update(self.optimizer, self.model, grads)
+            self.optimizer.update(self.model, grads)
             return loss
 
         if self.compiled:
