@@ -69,7 +69,10 @@ class Trial:
     def restoring(self) -> Iterator[None]:
         """Inside, steps may run; after, the model, optimizer, random key and block wrapping are as before."""
         parameters = tree_map(lambda a: a, self.model.parameters())
-        opt_state = tree_map(lambda a: a, self.optimizer.state) if self.optimizer is not None else None
+        # The state dict itself is put back, not a copy: a step compiled before (its
+        # inputs and outputs) holds that dict, and would otherwise update a stale one.
+        held = self.optimizer.state if self.optimizer is not None else None
+        opt_state = tree_map(lambda a: a, held) if held is not None else None
         key, classes = _random.key(), [type(b) for b in self.blocks]
         try:
             if self.optimizer is not None:
@@ -79,7 +82,9 @@ class Trial:
         finally:
             self.model.update(parameters)
             if self.optimizer is not None:
-                self.optimizer.state = opt_state
+                held.clear()
+                held.update(opt_state)
+                self.optimizer.state = held  # and uninitialised, so that it fills in what it lacks
             _random.set_key(key)
             for block, cls in zip(self.blocks, classes):
                 block.__class__ = cls
