@@ -10,6 +10,7 @@ and the report as JSON.
 """
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
@@ -22,14 +23,19 @@ import nuvec_mlx as nv
 MiB = 1 << 20
 
 
-def main(out: Path) -> None:
+def llama_and_tokens() -> tuple[nn.Module, mx.array, Callable]:
+    """The example's model (random weights, seed 0), 2 x 2049 random tokens, and its loss."""
     mx.random.seed(0)
     model = llama.Model(llama.ModelArgs(
         model_type="llama", hidden_size=128, num_hidden_layers=8, intermediate_size=512,
         num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=4096))
     tokens = mx.random.randint(0, 4096, (2, 2049), key=mx.random.key(1))
     mx.eval(model.parameters(), tokens)
-    loss_fn = lambda m, x: nn.losses.cross_entropy(m(x[:, :-1]), x[:, 1:]).mean()  # noqa: E731
+    return model, tokens, lambda m, x: nn.losses.cross_entropy(m(x[:, :-1]), x[:, 1:]).mean()
+
+
+def main(out: Path) -> None:
+    model, tokens, loss_fn = llama_and_tokens()
     batch, opt = tokens[:, :257], optim.AdamW(1e-4)
 
     first = nv.plan(model, loss_fn, batch, budget=1 << 40, optimizer=opt)

@@ -8,24 +8,22 @@ batch 2 x 256 tokens), every block checkpointed, compiled with ``nv.compile`` an
     python benchmarks/probes/update_peaks.py
 """
 
+import sys
+from pathlib import Path
+
 import mlx.core as mx
-import mlx.nn as nn
 import mlx.optimizers as optim
-from mlx_lm.models import llama
 
 import nuvec_mlx as nv
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from know_before_you_run import llama_and_tokens  # noqa: E402
 
 MiB = 1 << 20
 
 
 def main() -> None:
-    mx.random.seed(0)
-    model = llama.Model(llama.ModelArgs(
-        model_type="llama", hidden_size=128, num_hidden_layers=8, intermediate_size=512,
-        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=4096))
-    tokens = mx.random.randint(0, 4096, (2, 2049), key=mx.random.key(1))
-    mx.eval(model.parameters(), tokens)
-    loss_fn = lambda m, x: nn.losses.cross_entropy(m(x[:, :-1]), x[:, 1:]).mean()  # noqa: E731
+    model, tokens, loss_fn = llama_and_tokens()
     batch = tokens[:, :257]
     nv.checkpoint_layers(model)
     for how in ("optimizer.update", "nv.update") * 2:
