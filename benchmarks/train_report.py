@@ -104,7 +104,9 @@ def plot(rows: list[dict], memory_mib: float) -> Figure | None:
     fig = Figure(figsize=(7, 1.5 + 3 * len(labels)))
     axes = fig.subplots(len(labels), 1, squeeze=False)
     styles = {"none": ("tab:gray", "o-"), "mlx-lm": ("tab:blue", "s-"), "nuvec": ("tab:green", "o-"),
-              "nuvec-inf": ("tab:olive", "^--"), "nuvec-ahead0": ("tab:cyan", "d-"), "nuvec-ahead1": ("tab:brown", "d--"), "nuvec-ahead2": ("tab:pink", "d:"), "nuvec-mx-eval": ("tab:purple", "v:")}
+              "nuvec-inf": ("tab:olive", "^--"), "nuvec-ahead0": ("tab:cyan", "d-"),
+              "nuvec-ahead1": ("tab:brown", "d--"), "nuvec-ahead2": ("tab:pink", "d:"),
+              "nuvec-mx-eval": ("tab:purple", "v:")}
     for ax, label in zip(axes[:, 0], labels):
         for r in (r for r in rows if r["label"] == label):
             points = sorted({int(k): v for k, v in {**r.get("sweep", {}), **r.get("search", {})}.items()}.items())

@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
         return parser
 
     def run(args: Any) -> None:
-        with _swapped(lora, "train", functools.partial(train, ahead=getattr(args, "stages_ahead", None))):
+        with _swapped(lora, "train", functools.partial(train, ahead=args.stages_ahead)):
             mlx_lm_run(args)
 
     command = [PROG, *(sys.argv[1:] if argv is None else argv)]

@@ -12,8 +12,8 @@ shows what recomputing it costs. From those it predicts the peak of any mix of
 modes, chooses the mix with the least recompute time whose predicted peak fits
 (:mod:`nuvec_mlx._choose`), applies it, runs the step and measures the peak,
 also of a step read only at its end, as it runs outside the planner (on CUDA
-the readings after each stage free buffers sooner). If the measured peak misses the budget, it lowers its target by the miss and
-chooses again (at most ``corrections`` times); if no mix fits, it says so, with
+the readings after each stage free buffers sooner). If the measured peak
+misses the budget, it lowers its target by the miss and chooses again (at most ``corrections`` times); if no mix fits, it says so, with
 the smallest peak it can reach, measured.
 
 Peaks are MLX's active memory (after :func:`mlx.core.synchronize`, cache

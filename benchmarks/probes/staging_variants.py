@@ -7,8 +7,9 @@ block's backward), staged with ``mx.synchronize()`` after each stage (as inside
 MLX's completion worker after the GPU passes them, later than ``mx.eval`` returns), staged with
 one stage queued ahead, backward stages only (forward marks switched off while the step is
 traced), staged with the throttle at budget 0, and plain ``mx.eval`` of the same compiled step;
-with the plain step (``none``, ``mx.eval``) as the base. Run it once with ``MLX_MAX_OPS_PER_BUFFER=1`` and
-once without, to see what staging needs from the size of MLX's command buffers::
+with the plain step (``none``, ``mx.eval``) as the base. Run it once with
+``MLX_MAX_OPS_PER_BUFFER=1`` and once without, to see what staging needs from the size of MLX's
+command buffers::
 
     python benchmarks/probes/staging_variants.py OUT.json [--repeats 9] [--shapes 4096x256,16384x1024]
 """
@@ -36,7 +37,8 @@ def forward_marks(on: bool):
     """Trace with (or without) the marks after each block's forward."""
     real = stages.mark
     if not on:
-        stages.mark = lambda arrays, kind, *rest: list(arrays) if kind == stages.FORWARD else real(arrays, kind, *rest)
+        stages.mark = lambda arrays, kind, *rest: (list(arrays) if kind == stages.FORWARD
+                                                   else real(arrays, kind, *rest))
     try:
         yield
     finally:
