@@ -18,7 +18,8 @@ step) gathers the marks made inside it in the order the graph was built:
 forward stages in forward order, then backward stages in the order the
 backward pass reaches the blocks. An optimizer's update inside the step can
 add an *update* stage per block (:func:`update_stages`), right after the
-block's backward stage. The outermost collector *registers* them
+block's backward stage, or, for a block whose parameters are small beside its
+backward stage (LoRA's adapters), compute it in the stage after that one. The outermost collector *registers* them
 with the arrays it returns; :func:`nuvec_mlx.eval` then evaluates the stages
 of the arrays it is given, one by one, before the arrays themselves. The registry holds the
 arrays weakly and forgets an entry when they are gone, or when the entry is
@@ -34,6 +35,7 @@ import dataclasses
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -47,11 +49,20 @@ REMEMBERED = 16
 _collector: contextvars.ContextVar[list[mx.array] | None] = contextvars.ContextVar(
     "nuvec_mlx_stages", default=None
 )
-# While the outermost collector collects: for each backward stage, by id, the
-# ids of the modules its checkpoint held (see :func:`holding`), so that an
-# optimizer's update can follow the stage (:func:`update_stages`).
-_owners: contextvars.ContextVar[dict[int, frozenset[int]] | None] = contextvars.ContextVar(
-    "nuvec_mlx_stage_owners", default=None
+
+
+class _Backward(NamedTuple):
+    """A backward stage's modules (the ids of those its checkpoint held) and its arrays' bytes."""
+
+    modules: frozenset[int]
+    nbytes: int
+
+
+# While the outermost collector collects: each backward stage that ends some
+# modules' gradients (see :func:`holding`), by id, so that an optimizer's
+# update can follow the stage (:func:`update_stages`).
+_backward: contextvars.ContextVar[dict[int, _Backward] | None] = contextvars.ContextVar(
+    "nuvec_mlx_backward_stages", default=None
 )
 _held: contextvars.ContextVar[tuple[object, ...]] = contextvars.ContextVar("nuvec_mlx_stage_held", default=())
 
@@ -60,13 +71,13 @@ _held: contextvars.ContextVar[tuple[object, ...]] = contextvars.ContextVar("nuve
 def collecting() -> Iterator[list[mx.array]]:
     """Collect the stages marked inside (fresh: enclosing collectors see none of them)."""
     token = _collector.set([])
-    owners_token = _owners.set({}) if _owners.get() is None else None
+    backward_token = _backward.set({}) if _backward.get() is None else None
     try:
         yield _collector.get()
     finally:
         _collector.reset(token)
-        if owners_token is not None:
-            _owners.reset(owners_token)
+        if backward_token is not None:
+            _backward.reset(backward_token)
 
 
 @contextlib.contextmanager
@@ -116,14 +127,23 @@ def mark(arrays: Sequence[mx.array], stage_kind: str, modules: Sequence[object] 
     marker = _stage(stage_kind, arrays)
     stages.append(marker)
     if modules:
-        _owners.get()[id(marker)] = frozenset(map(id, modules))
+        _backward.get()[id(marker)] = _Backward(frozenset(map(id, modules)), _nbytes(arrays))
     return _through(arrays, marker)
 
 
 def last_backward() -> dict[int, int]:
     """For each module a block held, by id: where its last backward stage is in the collector in force."""
-    stages, owners = _collector.get() or [], _owners.get() or {}
-    return {module: i for i, s in enumerate(stages) for module in owners.get(id(s), ())}
+    stages, backward = _collector.get() or [], _backward.get() or {}
+    return {module: i for i, s in enumerate(stages) if id(s) in backward for module in backward[id(s)].modules}
+
+
+#: An update whose arrays have less than 1/FOLD of the bytes of the backward
+#: stage it follows has no stage of its own: it is computed in the stage after
+#: (the next block's backward, or the outputs). A stage costs a wait on the
+#: device and, with stages queued ahead, one of them, for little work there;
+#: folded, the update keeps a few times its bytes (gradients, new values, the
+#: optimizer's temporaries) alive one stage longer, a fraction of that stage's.
+FOLD = 8
 
 
 def update_stages(groups: dict[int, list[mx.array]]) -> dict[int, list[mx.array]]:
@@ -132,18 +152,34 @@ def update_stages(groups: dict[int, list[mx.array]]) -> dict[int, list[mx.array]
     Made for an optimizer's update inside a compiled step: the arrays are the
     new values of the parameters whose gradients that stage completes. Each
     block's gradients are then spent on its update before the next block's
-    are made, instead of all being alive when the update runs.
+    are made, instead of all being alive when the update runs. An update
+    small beside its backward stage is folded into the stage after (:data:`FOLD`).
 
     Returns:
         The arrays of each group read through its stage: use them in their place.
     """
-    stages = _collector.get()
+    stages, backward = _collector.get(), _backward.get()
     out = {}
     for index in sorted(groups, reverse=True):  # the latest first: earlier indices stay valid
-        marker = _stage(UPDATE, groups[index])
-        stages.insert(index + 1, marker)
-        out[index] = _through(groups[index], marker)
+        arrays = groups[index]
+        if FOLD * _nbytes(arrays) >= backward[id(stages[index])].nbytes:
+            marker = _stage(UPDATE, arrays)
+            stages.insert(index + 1, marker)
+        elif index + 1 < len(stages):
+            after = stages[index + 1]
+            marker = _stage(kind(after), [after, *arrays])
+            if id(after) in backward:
+                backward[id(marker)] = backward.pop(id(after))
+            stages[index + 1] = marker
+        else:  # the last stage: computed with the outputs
+            out[index] = list(arrays)
+            continue
+        out[index] = _through(arrays, marker)
     return out
+
+
+def _nbytes(arrays: Sequence[mx.array]) -> int:
+    return sum(a.nbytes for a in arrays)
 
 
 def _stage(stage_kind: str, arrays: Sequence[mx.array]) -> mx.array:

@@ -7,7 +7,10 @@ once: in full fine-tuning that is a floor of one more copy of the weights,
 whatever the batch. :func:`update` makes the update of each block's
 parameters a stage of its own, right after that block's backward stage, so
 each block's gradients are freed before the next block's are made (what a
-single ``mx.eval`` of an unstaged step does by itself).
+single ``mx.eval`` of an unstaged step does by itself). A block whose
+parameters are small beside its backward stage (LoRA's adapters) has its
+update computed in the stage after instead, which saves a wait on the device
+(:data:`nuvec_mlx._stages.FOLD`).
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ def update(optimizer: optim.Optimizer, model: nn.Module, gradients: Any) -> None
     :func:`nuvec_mlx.compile` whose gradients come from
     :func:`nuvec_mlx.value_and_grad`, and evaluated with :func:`nuvec_mlx.eval`.
     Values are those of ``optimizer.update``; parameters no checkpoint took are
-    updated with the outputs, as before. Outside a compiled step it is
+    updated with the outputs, as before. An update under 1/8 of its block's
+    backward stage in bytes (LoRA's adapters) is computed in the next stage,
+    not a stage of its own. Outside a compiled step it is
     ``optimizer.update``. Gradients averaged across processes in buckets
     (``nn.average_gradients`` on several ranks) tie the blocks of a bucket
     together: a block's update stage then computes every gradient in its bucket.

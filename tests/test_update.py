@@ -39,15 +39,19 @@ def loss_fn(model, x):
     return (model(x) ** 2).mean()
 
 
-def training(update, blocks=4, dim=64, checkpointed=True, compiled=True):
-    """A model, its Adam, a batch, and a step that updates them with ``update(optimizer, model, grads)``."""
+def training(update, blocks=4, dim=64, checkpointed=True, compiled=True, batch=8):
+    """A model, its Adam, a batch, and a step that updates them with ``update(optimizer, model, grads)``.
+
+    With the default batch each block's weights outweigh its activations; with
+    ``batch=2048`` they are a small part of them, as LoRA's adapters are.
+    """
     mx.random.seed(0)
     model = Model(blocks, dim)
     if checkpointed:
         nv.checkpoint_layers(model)
     optimizer = optim.Adam(1e-2)
     optimizer.init(model.trainable_parameters())
-    x = mx.random.normal((8, dim))
+    x = mx.random.normal((batch, dim))
     state = [model.state, optimizer.state]
     mx.eval(state, x)
 
@@ -74,12 +78,25 @@ def test_each_blocks_update_is_a_stage_right_after_its_backward_stage(compiled):
     assert t.readings[5].name() == "update of block 4's parameters"
 
 
+def test_an_update_small_beside_its_backward_stage_is_computed_in_the_stage_after(compiled):
+    """The blocks' weights (17 KiB) are under 1/8 of their backward stages (512 KiB of gradient for the
+    activations): no update stages; block 1's update, the last, is computed with the outputs."""
+    *_, state, step = training(nv.update, batch=2048)
+    nv.eval(step(), state)
+    with nv.memory.timeline() as t:
+        nv.eval(step(), state)
+    assert [(r.kind, r.block) for r in t.readings] == [
+        *(("forward", b) for b in (1, 2, 3, 4)), *(("backward", b) for b in (4, 3, 2, 1)), ("outputs", None)]
+
+
+@pytest.mark.parametrize("batch", [8, 2048], ids=["update-stages", "folded"])
 @pytest.mark.parametrize("checkpointed", [True, False], ids=["checkpointed", "unchecked"])
 @pytest.mark.parametrize("is_compiled", [True, False], ids=["compiled", "eager"])
-def test_parameters_and_optimizer_state_are_the_optimizers_update(checkpointed, is_compiled, compiled):
+def test_parameters_and_optimizer_state_are_the_optimizers_update(batch, checkpointed, is_compiled, compiled):
     runs = []
     for update in (optimizer_update, nv.update):
-        model, optimizer, state, step = training(update, checkpointed=checkpointed, compiled=is_compiled)
+        model, optimizer, state, step = training(update, checkpointed=checkpointed, compiled=is_compiled,
+                                                 batch=batch)
         losses = []
         for _ in range(3):
             losses.append(step())
