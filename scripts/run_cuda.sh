@@ -15,6 +15,10 @@
 #               the MLP part of suite-mlx with one op per CUDA graph (MLX_MAX_OPS_PER_BUFFER=1)
 #   probe       benchmarks/probes/staging_variants.py with one op per CUDA graph and with MLX's
 #               own graph size (100 ops on an H200): which stages pay
+#   probe-lora  benchmarks/probes/lora_time.py on the train parts' Llama (LoRA): where nuvec's step spends
+#               the time it takes beyond mlx-lm's; PROBE=checkpoint_cost runs that probe instead (nuvec's
+#               checkpoint against mx.checkpoint, a part at a time); PROBE_ARGS adds arguments
+#               (--arch qwen3_moe ...), PROBE_NAME names the result
 #   mlx-graphs  the MLX strategies again with MLX's own CUDA graph size (100 ops on an H200)
 #   budgets     budget sweeps of the seed step, input-only and with weight gradients
 #   budget0     the seed MLP (input gradient) and its depth sweep at budget 0: no run-ahead, and its cost
@@ -39,7 +43,7 @@
 # A part that fails says so at the end of its log and on the console; the others still run, and
 # the script's exit status is 1 if any part failed.
 set -uo pipefail
-usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|mlx-graphs|budgets|budget0|train|train-llama|train-moe|plan|plan-llama|tests|all"
+usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|probe-lora|mlx-graphs|budgets|budget0|train|train-llama|train-moe|plan|plan-llama|tests|all"
 out=${1:?$usage}
 part=${2:?$usage}
 # The machine's paths, each overridable from the environment.
@@ -91,6 +95,10 @@ part_probe() {
     MLX_MAX_OPS_PER_BUFFER=1 $PY benchmarks/probes/staging_variants.py "$out/probe/ops1.json" &&
     MLX_MAX_OPS_PER_BUFFER=100 $PY benchmarks/probes/staging_variants.py "$out/probe/ops100.json"
 }
+part_probe_lora() {
+  with_mlx_lm && mkdir -p "$out/probe-lora" &&
+    $PY "benchmarks/probes/${PROBE:-lora_time}.py" "$out/probe-lora/${PROBE_NAME:-llama-lora}.json" ${PROBE_ARGS:-}
+}
 part_mlx_graphs() { MLX_MAX_OPS_PER_BUFFER=100 bench --suite full --peers none --out "$out/mlx-graphs"; }
 part_budgets() {
   sweep --repeats 9 --budgets inf,0,16,64,256 --out "$out/budgets" &&
@@ -132,7 +140,7 @@ run_part() {  # run_part NAME: the part's output into its log; a failure is said
 }
 
 case $part in
-  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|mlx-graphs|budgets|budget0|train|train-llama|train-moe|plan|plan-llama|tests)
+  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|probe-lora|mlx-graphs|budgets|budget0|train|train-llama|train-moe|plan|plan-llama|tests)
     run_part "$part" ;;
   all)
     for p in suite mlx-graphs budgets budget0 plan plan-llama; do run_part "$p"; done
