@@ -130,11 +130,13 @@ def step_peak(update) -> float:
 
 def test_a_block_at_a_time_the_step_keeps_a_fraction_of_the_gradients_alive(compiled):
     """Updated after the backward pass, every gradient (16 blocks of 0.25 MiB) is alive at once; a block
-    at a time, about one block's gradients, new weights and moments (1 MiB)."""
+    at a time, about one block's gradients, new weights and moments (1 MiB). MLX's CUDA backend frees a
+    stage's buffers on its completion worker, after ``nv.eval`` has gone on: 2.0 MiB on an H200 (1.1 on
+    the CPU), where the unstaged step peaked at 17.6."""
     gradients = 17 * (256 * 256 + 256) * 4 / MiB  # the 16 blocks and the head
     unstaged, staged = step_peak(optimizer_update), step_peak(nv.update)
     assert unstaged >= 0.9 * gradients
-    assert staged <= 0.4 * gradients, (staged, unstaged)
+    assert staged <= (0.6 if mx.default_device().type == mx.gpu else 0.4) * gradients, (staged, unstaged)
 
 
 def test_bad_arguments_raise_and_leave_the_model_alone():
