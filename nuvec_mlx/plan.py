@@ -133,6 +133,7 @@ class Planner:
         self.corrections, self.progress = corrections, progress
         self.profiles: dict[str, Profile] = {}
         self.unchecked: list[_trial.Reading] = []
+        self._least: tuple[_choose.Choice, _trial.Reading] | None = None
 
     def measure(self, modes: Sequence[str], as_run: bool = False) -> list[_trial.Reading]:
         self.trial.set_modes([m if m == PLAIN else self.modes[m] for m in modes])
@@ -188,6 +189,13 @@ class Planner:
         """The modes with the smallest predicted peak."""
         return _choose.smallest(*self.options())
 
+    def least(self) -> tuple[_choose.Choice, _trial.Reading]:
+        """:meth:`smallest`, and its step measured as it runs (once: every plan reports it)."""
+        if self._least is None:
+            choice = self.smallest()
+            self._least = choice, _highest(self.measure(choice.modes, as_run=True))
+        return self._least
+
     def jitter(self) -> int:
         """How far apart the peaks of the same step came out between repeats (the most seen).
 
@@ -222,9 +230,9 @@ class Planner:
                 # That choice peaked this much above its prediction: so may others; it is now out of reach.
                 margin = max(self.jitter(), margin, reading.peak - (reading.start + choice.peak)) + max(1, budget // 2000)
                 plain = False
-        least = self.smallest()
+        least, reading = self.least()
         if not history or history[-1][0].modes != least.modes:
-            history.append((least, _highest(self.measure(least.modes, as_run=True)), self.jitter()))
+            history.append((least, reading, self.jitter()))
         return Plan(self, budget, history, fits=history[-1][1].peak <= budget)
 
 
@@ -238,7 +246,10 @@ class Plan:
         predicted: the predicted peak, bytes.
         measured: the peak measured with the plan applied, bytes.
         unchecked: the peak measured with no block checkpointed, bytes.
-        smallest: the smallest predicted peak any plan reaches, bytes.
+        smallest: the smallest peak any plan reaches, bytes: the least plan's
+            predicted peak, or its peak measured as the step runs where that
+            is higher (on CUDA, MLX frees a stage's buffers after
+            :func:`nuvec_mlx.eval` has gone on to the next one).
         seconds: the measured step's time with the plan applied.
         recompute: the predicted recompute seconds per step.
         blocks: per block, a :class:`Block` row.
@@ -259,7 +270,7 @@ class Plan:
         self.recompute = choice.cost
         self.unchecked = _highest(planner.unchecked).peak
         options, _ = planner.options()
-        self.smallest = start + planner.smallest().peak + planner.jitter()
+        self.smallest = max(start + planner.smallest().peak + planner.jitter(), planner.least()[1].peak)
         top = max(reading.stages, key=lambda r: r.peak)
         names = planner.names
         self.measured_peak_at = _stage_name(top.kind, None if top.block is None else top.block - 1, names)

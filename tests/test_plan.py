@@ -115,6 +115,16 @@ def test_a_measured_miss_is_corrected_and_shown(compiled):
     assert "correction: predicted" in str(plan)
 
 
+def test_the_smallest_reachable_peak_is_the_least_plans_as_its_step_runs(monkeypatch, compiled):
+    model, loss_fn, x, _ = bench_case("mlp")
+    observed = nv.plan(model, loss_fn, x, budget=1 << 40, progress=False)
+    extra = 2 << 20
+    held_while_unobserved(monkeypatch, extra)
+    plan = nv.plan(model, loss_fn, x, budget=1 << 40, progress=False)
+    assert plan.smallest >= observed.smallest + extra // 2, (plan.smallest, observed.smallest)
+    assert "smallest reachable" in str(plan)
+
+
 def test_a_plan_is_verified_as_its_step_runs_unobserved(monkeypatch, compiled):
     model, loss_fn, x, _ = bench_case("mlp")
     first = nv.plan(model, loss_fn, x, budget=1 << 40, progress=False)
