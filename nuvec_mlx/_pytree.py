@@ -190,6 +190,26 @@ def _visit(tree: Any, replace: Callable[[mx.array], mx.array]) -> None:
             _visit(v, replace)
 
 
+def copy_arrays(tree: Any) -> int:
+    """Replace the array leaves of ``tree`` (lists, dicts, modules) with copies, in place; the bytes copied.
+
+    An array held twice is copied once and stays shared.
+
+    Example:
+        >>> copy_arrays(optimizer.state)  # the old arrays now belong to whoever else holds them
+    """
+    copies: dict[int, mx.array] = {}
+
+    def copy(a: mx.array) -> mx.array:
+        if id(a) not in copies:
+            copies[id(a)] = mx.array(a)
+        return copies[id(a)]
+
+    _visit(tree, copy)
+    mx.eval(list(copies.values()))
+    return sum(a.nbytes for a in copies.values())
+
+
 def snapshot(tree: Any) -> Callable[[], None]:
     """Remember the arrays held in ``tree`` (the state a compiled step updates); the
     function returned puts them back in place (lists, dicts, modules, ``mx.random.state``).

@@ -2,11 +2,13 @@
 
 The planner and the saved-activations report measure the step a user runs:
 the loss and gradients of the model's trainable parameters
-(:func:`nuvec_mlx.value_and_grad`), the optimizer's update when there is one,
+(:func:`nuvec_mlx.value_and_grad`), the optimizer's update when there is one
+(:func:`nuvec_mlx.update`: each checkpointed block's a stage after its backward),
 compiled with :func:`nuvec_mlx.compile` (unless told otherwise) and evaluated
 with :func:`nuvec_mlx.eval`. A trial leaves no trace: the model's parameters,
 the optimizer's state, MLX's random key, and the checkpoint wrapping of the
-blocks are put back as they were, also when a step raises.
+blocks are put back as they were, also when a step raises. Its readings are
+those of the user's step: the originals kept to put back are counted out.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .compile import compile as nv_compile
 from .evaluate import eval as nv_eval
 from .grad import value_and_grad
 from .nn import checkpoint_module
+from .update import update
 
 #: A block that is not wrapped at all (every other mode is a checkpoint policy).
 PLAIN = "plain"
@@ -106,7 +109,7 @@ class Trial:
             loss, grads = vg(self.model, *batch)
             if self.optimizer is None:
                 return loss, grads
-            self.optimizer.update(self.model, grads)
+            update(self.optimizer, self.model, grads)
             return loss
 
         if self.compiled:
@@ -134,6 +137,7 @@ class Trial:
         readings = []
         try:
             for _ in range(steps):
+                held = self._copies()
                 with memory.measure() as m, memory.timeline() as t:
                     begin = time.perf_counter()
                     out = step(*args)
@@ -142,12 +146,31 @@ class Trial:
                     seconds = time.perf_counter() - begin
                 del out
                 undo()
-                readings.append(Reading(m.start, max(r.peak for r in t.readings), seconds, t.readings))
+                stages = [dataclasses.replace(r, active=r.active - held, peak=r.peak - held) for r in t.readings]
+                readings.append(Reading(m.start - held, max(r.peak for r in stages), seconds, stages))
             if as_run:
+                held = self._copies()
                 with memory.measure() as m:
                     nv_eval(step(*args), state)
                 undo()
-                readings = [dataclasses.replace(r, peak=max(r.peak, m.start + m.peak)) for r in readings]
+                readings = [dataclasses.replace(r, peak=max(r.peak, m.start - held + m.peak)) for r in readings]
         finally:
             undo()
         return readings
+
+    def _copies(self) -> int:
+        """Give the model and the optimizer copies of what a step replaces; the bytes the originals hold.
+
+        A step consumes what it updates: with :func:`nuvec_mlx.update` each
+        block's old weights and moments go once its update stage is done. The
+        trial keeps the originals to undo the step, so the step consumes
+        copies, as the user's consumes the originals, and the readings count
+        the originals out: they are the user's step's, shifted by a constant.
+        """
+        if self.optimizer is None:  # the step returns its gradients and replaces nothing
+            return 0
+        copies = _pytree.copy_arrays(self.optimizer.state)
+        parameters = self.model.trainable_parameters()
+        copies += _pytree.copy_arrays(parameters)
+        self.model.update(parameters)
+        return copies

@@ -1,7 +1,9 @@
 """The planner: which blocks to checkpoint, and how, so that a step's peak fits a budget.
 
 :func:`plan` measures the step it is given (the model's loss and gradients,
-the optimizer's update when given, compiled with :func:`nuvec_mlx.compile`,
+the optimizer's update when given (:func:`nuvec_mlx.update`: each block's
+parameters updated in a stage right after its backward pass, whose peak counts
+as the block's), compiled with :func:`nuvec_mlx.compile`,
 evaluated with :func:`nuvec_mlx.eval`) a few times: unchecked, and with every
 block run in each mode it may choose (a checkpoint policy of
 :mod:`nuvec_mlx.policies`; ``save_everything`` recomputes nothing but keeps
@@ -86,17 +88,20 @@ class Profile:
             )
         start, first = reading.start, blocks - len(backward)  # blocks before `first`: no backward stage
         held = [start] + [r.active for r in forward]
-        before = [r.active for r in backward[1:]] + [forward[-1].active]
-        times = [r.seconds for r in stages]
-        seconds = [times[i] - times[i - 1] for i in range(1, len(times))]
+        where = {id(r): k for k, r in enumerate(stages)}
+        previous = [stages[where[id(r)] - 1] for r in backward]  # the stage each backward stage follows
+        # A block's update stage (nv.update) follows its backward stage: its peak counts as the block's.
+        after = [stages[where[id(r)] + 1] for r in backward]
+        peaks = [max(r.peak, a.peak if a.kind == "update" else 0) for r, a in zip(backward, after)]
+        before = [r.active for r in previous]
         pad: list[Any] = [None] * first
         return cls(
             mode, [reading],
             [held[j + 1] - held[j] for j in range(blocks)],
             [forward[j].peak - held[j] for j in range(blocks)],
-            pad + [backward[i].peak - before[i] for i in range(len(backward))],
+            pad + [peaks[i] - before[i] for i in range(len(backward))],
             pad + [before[i] - held[first + i + 1] for i in range(len(backward))],
-            pad + seconds[blocks - 1: blocks - 1 + len(backward)][::-1],
+            pad + [r.seconds - p.seconds for r, p in zip(backward, previous)],
             stages[-1].peak - start,
         )
 
