@@ -16,18 +16,16 @@ Peaks and times round-robin in one process (``nuvec_mlx_bench.measure.run_cases`
     python benchmarks/probes/checkpoint_cost.py OUT.json --hidden 128 --seq 256 --repeats 3
 """
 
-import argparse
 import contextlib
 import importlib
-import json
-import sys
 import types
 
 import mlx.core as mx
 
 from nuvec_mlx import _depends, _stages
-from nuvec_mlx_bench import environment, measure
-from nuvec_mlx_bench.train_steps import Case, TrainWorkload
+from nuvec_mlx_bench.train_steps import Case
+
+from lora_time import measure_and_report, workload_and_args  # this folder's probe: its workload and report
 
 nv_checkpoint = importlib.import_module("nuvec_mlx.checkpoint")  # the module (the package exports the function)
 
@@ -65,17 +63,7 @@ def patched(patches):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("out")
-    p.add_argument("--arch", default="llama")
-    p.add_argument("--mode", default="lora")
-    p.add_argument("--hidden", type=int, default=2048)
-    p.add_argument("--layers", type=int, default=16)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--seq", type=int, default=2048)
-    p.add_argument("--repeats", type=int, default=5)
-    a = p.parse_args()
-    w = TrainWorkload(a.arch, a.hidden, a.layers, batch=a.batch, seq=a.seq, mode=a.mode)
+    w, a = workload_and_args()
     cases = {}
     c = Case(w, "mlx-lm")
     cases["mlx-lm"] = (lambda c=c, b=c.batch(w.seq): c.step(b), c.evaluate)
@@ -87,14 +75,7 @@ def main() -> None:
                 return c.step(b)
 
         cases[name] = (step, c.evaluate)
-    results = measure.run_cases(cases, a.repeats, desc=w.label())
-    base = results["mlx-lm"]
-    for s, r in results.items():
-        print(f"{s:13} peak {r['peak']['median'] / 2**20:9.1f} MiB ({r['peak']['median'] / base['peak']['median']:.2f})"
-              f"  time {r['time']['median']:.4f} s ({r['time']['min']:.4f}-{r['time']['max']:.4f})"
-              f"  {r['time']['median'] / base['time']['median']:.3f}x mlx-lm", flush=True)
-    json.dump({"argv": sys.argv, "workload": w.label(), "environment": environment.environment(" ".join(sys.argv)),
-               "results": results}, open(a.out, "w"), indent=1, default=str)
+    measure_and_report(cases, w, a)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ def unfolded():
         _stages.FOLD = held
 
 
-def main() -> None:
+def workload_and_args() -> tuple[TrainWorkload, argparse.Namespace]:
+    """The command line's workload (the fine-tuning benchmark's H200 Llama LoRA by default)."""
     p = argparse.ArgumentParser()
     p.add_argument("out")
     p.add_argument("--arch", default="llama")
@@ -47,7 +48,23 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--repeats", type=int, default=5)
     a = p.parse_args()
-    w = TrainWorkload(a.arch, a.hidden, a.layers, batch=a.batch, seq=a.seq, mode=a.mode)
+    return TrainWorkload(a.arch, a.hidden, a.layers, batch=a.batch, seq=a.seq, mode=a.mode), a
+
+
+def measure_and_report(cases: dict, w: TrainWorkload, a: argparse.Namespace) -> None:
+    """Measure ``cases`` round-robin, print each against ``mlx-lm``, write them to ``a.out``."""
+    results = measure.run_cases(cases, a.repeats, desc=w.label())
+    base = results["mlx-lm"]
+    for s, r in results.items():
+        print(f"{s:15} peak {r['peak']['median'] / 2**20:9.1f} MiB ({r['peak']['median'] / base['peak']['median']:.2f})"
+              f"  time {r['time']['median']:.4f} s ({r['time']['min']:.4f}-{r['time']['max']:.4f})"
+              f"  {r['time']['median'] / base['time']['median']:.3f}x mlx-lm", flush=True)
+    json.dump({"argv": sys.argv, "workload": w.label(), "environment": environment.environment(" ".join(sys.argv)),
+               "results": results}, open(a.out, "w"), indent=1, default=str)
+
+
+def main() -> None:
+    w, a = workload_and_args()
     cases = {}
     for s in ("none", "mlx-lm", "nuvec-mx-eval", "nuvec-ahead0", "nuvec-ahead1", "nuvec-ahead2"):
         c = Case(w, s)
@@ -62,14 +79,7 @@ def main() -> None:
     cases["nuvec-unfolded"] = (unfolded_step, c_unfolded.evaluate)
     b = c_unstaged.batch(w.seq)
     cases["nuvec-unstaged"] = (lambda: c_unstaged.step(b), lambda out: mx.eval(c_unstaged.state, out))
-    results = measure.run_cases(cases, a.repeats, desc=w.label())
-    base = results["mlx-lm"]
-    for s, r in results.items():
-        print(f"{s:15} peak {r['peak']['median'] / 2**20:9.1f} MiB ({r['peak']['median'] / base['peak']['median']:.2f})"
-              f"  time {r['time']['median']:.4f} s ({r['time']['min']:.4f}-{r['time']['max']:.4f})"
-              f"  {r['time']['median'] / base['time']['median']:.3f}x mlx-lm", flush=True)
-    json.dump({"argv": sys.argv, "workload": w.label(), "environment": environment.environment(" ".join(sys.argv)),
-               "results": results}, open(a.out, "w"), indent=1, default=str)
+    measure_and_report(cases, w, a)
 
 
 if __name__ == "__main__":
