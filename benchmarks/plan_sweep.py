@@ -27,6 +27,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import mlx.optimizers as optim
 
 import nuvec_mlx as nv
 from nuvec_mlx_bench import environment, measure, modules, report
@@ -34,6 +35,9 @@ from nuvec_mlx_bench.workload import Workload
 
 MiB = 1 << 20
 MODELS = ("mlp", "transformer", "llama")
+#: The step's optimizer, by ``--optimizer``: none (the step returns the loss and gradients), or Adam
+#: (mlx-lm's default) updating the model with :func:`nuvec_mlx.update`.
+OPTIMIZERS: dict[str, Callable[[], optim.Optimizer | None]] = {"none": lambda: None, "adam": lambda: optim.Adam(1e-5)}
 #: The fixed rules a plan's time is set against (the fastest of those within its budget).
 RULES = ("every block", "every 2nd", "sqrt(n) segments")
 #: The shapes: ``small`` for a CPU (minutes), ``full`` for a GPU.
@@ -117,9 +121,13 @@ def setup(blocks: list[nn.Module], rule: Any) -> Callable[[nn.Module], None]:
     return apply
 
 
-def case(model: nn.Module, loss_fn: Callable, batch: mx.array, blocks: list[nn.Module], rule: Any) -> tuple:
+def case(model: nn.Module, loss_fn: Callable, batch: mx.array, blocks: list[nn.Module], rule: Any,
+         optimizer: str = "none") -> tuple:
     """A ``(step, finish)`` pair for :func:`nuvec_mlx_bench.measure.run_cases`: the blocks set up as
-    ``rule`` says before each call (the first traces it; compiled, evaluated with nv.eval)."""
+    ``rule`` says before each call (the first traces it; compiled, evaluated with nv.eval). With an
+    ``optimizer`` (a key of :data:`OPTIMIZERS`) the step updates the model with
+    :func:`nuvec_mlx.update`, as ``nuvec-mlx-lora`` does; the case makes its own at its first call,
+    for the model's tree as ``rule`` has it (``sqrt(n) segments`` nests the blocks)."""
     apply, compiled = setup(blocks, rule), {}
 
     def step() -> Any:
@@ -127,17 +135,34 @@ def case(model: nn.Module, loss_fn: Callable, batch: mx.array, blocks: list[nn.M
         if "fn" not in compiled:
             vg = nv.value_and_grad(model, loss_fn)
             state = [model.state, mx.random.state]  # checkpoints read the random key
-            compiled["fn"] = nv.compile(lambda x: vg(model, x), inputs=state, outputs=state)
+            opt = OPTIMIZERS[optimizer]()
+            if opt is not None:
+                opt.init(model.trainable_parameters())
+                mx.eval(opt.state)
+                state.append(opt.state)
+
+            def run(x: mx.array) -> Any:
+                loss, grads = vg(model, x)
+                if opt is None:
+                    return loss, grads
+                nv.update(opt, model, grads)
+                return loss
+
+            compiled["fn"] = nv.compile(run, inputs=state, outputs=state)
         return compiled["fn"](batch)
 
     return step, nv.eval
 
 
-def sweep(name: str, shape: dict, budgets: int, repeats: int) -> list[dict]:
+def sweep(name: str, shape: dict, budgets: int, repeats: int, optimizer: str = "none") -> list[dict]:
     """One model's rows: each budget's plan and the fixed rules, measured side by side."""
     model, loss_fn, batch = build(name, shape)
     blocks = list(holder(model).layers)
-    first = nv.plan(model, loss_fn, batch, budget=1 << 50)
+    opt = OPTIMIZERS[optimizer]()  # the planner's; its state stays for the start each case's step adds to
+    if opt is not None:
+        opt.init(model.trainable_parameters())
+        mx.eval(opt.state)
+    first = nv.plan(model, loss_fn, batch, budget=1 << 50, optimizer=opt)
     plans = [first.replan(int(first.smallest + k * (first.unchecked - first.smallest) / (budgets - 1)))
              for k in range(budgets)]
     rules: dict[str, Any] = {f"plan for {p.budget / MiB:.1f} MiB": p.modes for p in plans}
@@ -145,7 +170,7 @@ def sweep(name: str, shape: dict, budgets: int, repeats: int) -> list[dict]:
     gc.collect()
     mx.synchronize()
     start = mx.get_active_memory()
-    cases = {r: case(model, loss_fn, batch, blocks, rule) for r, rule in rules.items()}
+    cases = {r: case(model, loss_fn, batch, blocks, rule, optimizer) for r, rule in rules.items()}
     measured = measure.run_cases(cases, repeats, desc=f"{name}: plans and rules")
     setup(blocks, "none")(model)
     rows = []
@@ -178,6 +203,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated from {', '.join(MODELS)}")
     p.add_argument("--budgets", type=int, default=5, help="budgets per model, from the smallest to unchecked")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="none",
+                   help="the step's optimizer: none (loss and gradients), or Adam updating with nv.update")
     p.add_argument("--out", type=Path, default=Path("benchmarks/out/plan"))
     args = p.parse_args(argv)
     args.models = args.models.split(",")
@@ -241,7 +268,8 @@ def run(argv: list[str] | None = None) -> list[dict]:
     """Run the sweep the command line asks for; write and return its rows."""
     args = parse_args(argv)
     env = environment.environment(environment.command_line("nuvec-mlx-bench-plan", argv))
-    rows = [row for name in args.models for row in sweep(name, SUITES[args.suite][name], args.budgets, args.repeats)]
+    rows = [row for name in args.models
+            for row in sweep(name, SUITES[args.suite][name], args.budgets, args.repeats, args.optimizer)]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
     planned = [r for r in rows if "budget" in r]

@@ -12,7 +12,9 @@ import sys
 import time
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
+from mlx.utils import tree_flatten
 
 import nuvec_mlx as nv
 
@@ -512,8 +514,6 @@ def test_budget_sweep_rejects_what_it_cannot_run(capsys, argv, message):
 
 @pytest.mark.parametrize("model", ["mlp", "transformer"])
 def test_the_modules_compute_the_workloads_loss_and_weight_gradients(model):
-    from mlx.utils import tree_flatten
-
     from nuvec_mlx_bench import modules
 
     w = Workload(model, batch=2, dim=16, blocks=2, seq=8 if model == "transformer" else 1, weight_grads=True)
@@ -544,7 +544,30 @@ def test_every_fixed_rule_of_the_plan_sweep_computes_the_same_step(rule, compile
     assert model.layers == blocks and not any(nv.is_checkpointed(b) for b in blocks)
 
 
-@pytest.mark.parametrize("argv", [["--models", "gpt"], ["--budgets", "1"], ["--repeats", "0"]])
+@pytest.mark.parametrize("rule", ["every block", "every 2nd", "sqrt(n) segments", "none"])
+def test_with_an_optimizer_every_rule_of_the_plan_sweep_updates_the_model_as_optimizer_update(rule, compiled):
+    from nuvec_mlx_bench import plan_sweep
+
+    updated = []
+    for how in ("optimizer.update", rule):
+        model, loss, x = plan_sweep.build("mlp", dict(batch=8, dim=16, blocks=5))
+        if how == "optimizer.update":
+            opt = plan_sweep.OPTIMIZERS["adam"]()
+            opt.init(model.trainable_parameters())
+            loss_value, grads = nn.value_and_grad(model, loss)(model, x)
+            opt.update(model, grads)
+            mx.eval(model.parameters(), loss_value)
+        else:
+            blocks = list(model.layers)
+            step, finish = plan_sweep.case(model, loss, x, blocks, rule, "adam")
+            finish(step())
+            plan_sweep.setup(blocks, "none")(model)
+        updated.append(tree_flatten(model.parameters()))
+    for (name, a), (_, b) in zip(*updated):
+        assert_close(a, b, 1e-6)
+
+
+@pytest.mark.parametrize("argv", [["--models", "gpt"], ["--budgets", "1"], ["--repeats", "0"], ["--optimizer", "sgd"]])
 def test_the_plan_sweep_rejects_what_it_cannot_run(argv):
     from nuvec_mlx_bench import plan_sweep
 
