@@ -124,10 +124,10 @@ def setup(blocks: list[nn.Module], rule: Any) -> Callable[[nn.Module], None]:
 def case(model: nn.Module, loss_fn: Callable, batch: mx.array, blocks: list[nn.Module], rule: Any,
          optimizer: str = "none") -> tuple:
     """A ``(step, finish)`` pair for :func:`nuvec_mlx_bench.measure.run_cases`: the blocks set up as
-    ``rule`` says before each call (the first traces it; compiled, evaluated with nv.eval). With an
-    ``optimizer`` (a key of :data:`OPTIMIZERS`) the step updates the model with
-    :func:`nuvec_mlx.update`, as ``nuvec-mlx-lora`` does; the case makes its own at its first call,
-    for the model's tree as ``rule`` has it (``sqrt(n) segments`` nests the blocks)."""
+    ``rule`` says before each call (the first traces it; compiled, evaluated with nv.eval with the
+    state it updates). With an ``optimizer`` (a key of :data:`OPTIMIZERS`) the step updates the
+    model with :func:`nuvec_mlx.update`, as ``nuvec-mlx-lora`` does; the case makes its own at its
+    first call, for the model's tree as ``rule`` has it (``sqrt(n) segments`` nests the blocks)."""
     apply, compiled = setup(blocks, rule), {}
 
     def step() -> Any:
@@ -148,10 +148,13 @@ def case(model: nn.Module, loss_fn: Callable, batch: mx.array, blocks: list[nn.M
                 nv.update(opt, model, grads)
                 return loss
 
-            compiled["fn"] = nv.compile(run, inputs=state, outputs=state)
+            compiled["fn"], compiled["state"] = nv.compile(run, inputs=state, outputs=state), state
         return compiled["fn"](batch)
 
-    return step, nv.eval
+    def finish(outputs: Any) -> None:
+        nv.eval(outputs, compiled["state"])  # as a training loop does: the updated state too
+
+    return step, finish
 
 
 def sweep(name: str, shape: dict, budgets: int, repeats: int, optimizer: str = "none") -> list[dict]:

@@ -567,6 +567,22 @@ def test_with_an_optimizer_every_rule_of_the_plan_sweep_updates_the_model_as_opt
         assert_close(a, b, 1e-6)
 
 
+def test_with_an_optimizer_the_plan_sweep_measures_each_step_as_a_training_loop_runs_it(compiled):
+    """Round-robin, the cases share the model: a case that left its update unevaluated (the unchecked
+    step's update is no stage) would hand it to the next case's step, whose peak would be off."""
+    from nuvec_mlx_bench import plan_sweep
+
+    model, loss, x = plan_sweep.build("mlp", plan_sweep.SUITES["small"]["mlp"])
+    blocks = list(model.layers)
+    cases = {rule: plan_sweep.case(model, loss, x, blocks, rule, "adam") for rule in ("every block", "none")}
+    swept = measure.run_cases(cases, repeats=2)["every block"]["peak"]["median"]
+    step, finish = plan_sweep.case(model, loss, x, blocks, "every block", "adam")
+    finish(step())
+    alone = rounds.peak(step, measure.finished(finish), measure.MlxProbe())
+    plan_sweep.setup(blocks, "none")(model)
+    assert abs(swept - alone) <= 0.05 * alone, (swept, alone)
+
+
 @pytest.mark.parametrize("argv", [["--models", "gpt"], ["--budgets", "1"], ["--repeats", "0"], ["--optimizer", "sgd"]])
 def test_the_plan_sweep_rejects_what_it_cannot_run(argv):
     from nuvec_mlx_bench import plan_sweep
