@@ -121,6 +121,15 @@ def setup(blocks: list[nn.Module], rule: Any) -> Callable[[nn.Module], None]:
     return apply
 
 
+def initialised(optimizer: str, model: nn.Module) -> optim.Optimizer | None:
+    """``OPTIMIZERS[optimizer]`` with its state made for ``model``'s trainable parameters, or ``None``."""
+    opt = OPTIMIZERS[optimizer]()
+    if opt is not None:
+        opt.init(model.trainable_parameters())
+        mx.eval(opt.state)
+    return opt
+
+
 def case(model: nn.Module, loss_fn: Callable, batch: mx.array, blocks: list[nn.Module], rule: Any,
          optimizer: str = "none") -> tuple:
     """A ``(step, finish)`` pair for :func:`nuvec_mlx_bench.measure.run_cases`: the blocks set up as
@@ -135,10 +144,8 @@ def case(model: nn.Module, loss_fn: Callable, batch: mx.array, blocks: list[nn.M
         if "fn" not in compiled:
             vg = nv.value_and_grad(model, loss_fn)
             state = [model.state, mx.random.state]  # checkpoints read the random key
-            opt = OPTIMIZERS[optimizer]()
+            opt = initialised(optimizer, model)
             if opt is not None:
-                opt.init(model.trainable_parameters())
-                mx.eval(opt.state)
                 state.append(opt.state)
 
             def run(x: mx.array) -> Any:
@@ -161,10 +168,7 @@ def sweep(name: str, shape: dict, budgets: int, repeats: int, optimizer: str = "
     """One model's rows: each budget's plan and the fixed rules, measured side by side."""
     model, loss_fn, batch = build(name, shape)
     blocks = list(holder(model).layers)
-    opt = OPTIMIZERS[optimizer]()  # the planner's; its state stays for the start each case's step adds to
-    if opt is not None:
-        opt.init(model.trainable_parameters())
-        mx.eval(opt.state)
+    opt = initialised(optimizer, model)  # the planner's; its state stays for the start each case's step adds to
     first = nv.plan(model, loss_fn, batch, budget=1 << 50, optimizer=opt)
     plans = [first.replan(int(first.smallest + k * (first.unchecked - first.smallest) / (budgets - 1)))
              for k in range(budgets)]
