@@ -169,8 +169,8 @@ class Trial:
         """
         if self.optimizer is None:  # the step returns its gradients and replaces nothing
             return 0
-        copies = _pytree.copy_arrays(self.optimizer.state)
+        nbytes = _pytree.copy_arrays(self.optimizer.state)
         parameters = self.model.trainable_parameters()
-        copies += _pytree.copy_arrays(parameters)
+        nbytes += _pytree.copy_arrays(parameters)
         self.model.update(parameters)
-        return copies
+        return nbytes
