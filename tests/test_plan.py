@@ -29,6 +29,15 @@ def bench_case(model_name):
     return model, modules.loss, x, None
 
 
+def weight_heavy_case():
+    """The benchmark's MLP on a small batch, every weight trained: its weights outweigh its activations."""
+    from nuvec_mlx_bench import modules
+    from nuvec_mlx_bench.workload import Workload
+
+    model, x = modules.build(Workload("mlp", batch=16, dim=128, blocks=6, weight_grads=True))
+    return model, modules.loss, x
+
+
 CASES = {"mlp": lambda: bench_case("mlp"), "transformer": lambda: bench_case("transformer"), "llama": llama_case}
 
 
@@ -57,11 +66,8 @@ def test_a_weight_heavy_step_s_update_stages_are_in_its_prediction(compiled):
     """With Adam on a small batch each block's update stage (nv.update) peaks above its backward stage:
     predicted as the block's own, the smallest peak is met (counted from backward stages alone, it is
     under-predicted by 1.4% and its budget missed)."""
-    from nuvec_mlx_bench import modules
-    from nuvec_mlx_bench.workload import Workload
-
-    model, x = modules.build(Workload("mlp", batch=16, dim=128, blocks=6, weight_grads=True))
-    first = nv.plan(model, modules.loss, x, budget=1 << 40, optimizer=optim.Adam(1e-3), progress=False)
+    model, loss_fn, x = weight_heavy_case()
+    first = nv.plan(model, loss_fn, x, budget=1 << 40, optimizer=optim.Adam(1e-3), progress=False)
     stages = next(iter(first._planner.profiles.values())).readings[0].stages
     assert [r.kind for r in stages].count("update") == 6  # the step measured updates as nv.update does
     for k in range(3):
@@ -76,19 +82,16 @@ def test_the_trial_measures_the_users_nv_update_step_not_its_own_undo(compiled):
     it measures consumes copies, as the user's step consumes the originals. Kept alive by the undo, the
     old weights and moments add to the peak as each block's update replaces them (6.8 MiB too high here,
     with the copies taken out)."""
-    from nuvec_mlx_bench import modules
-    from nuvec_mlx_bench.workload import Workload
-
-    model, x = modules.build(Workload("mlp", batch=16, dim=128, blocks=6, weight_grads=True))
+    model, loss_fn, x = weight_heavy_case()
     opt = optim.Adam(1e-3)
-    least = nv.plan(model, modules.loss, x, budget=1, optimizer=opt, progress=False).apply()  # the smallest plan
+    least = nv.plan(model, loss_fn, x, budget=1, optimizer=opt, progress=False).apply()  # the smallest plan
     opt.init(model.trainable_parameters())
     state = [model.state, opt.state, mx.random.state]
     mx.eval(state)
 
     @nv.compile(inputs=state, outputs=state)
     def step(x):
-        loss, grads = nv.value_and_grad(model, modules.loss)(model, x)
+        loss, grads = nv.value_and_grad(model, loss_fn)(model, x)
         nv.update(opt, model, grads)
         return loss
 
