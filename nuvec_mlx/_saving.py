@@ -3,7 +3,8 @@
 A checkpointed call owns a :class:`Record`. While its function runs forward
 (inside :meth:`Record.recording`), every value it could keep is *offered*: the
 output of each ``nn.Linear``/``nn.QuantizedLinear`` call of the modules it
-reaches (:func:`intercepting` swaps their class for the call's duration) and
+reaches (:func:`intercepting` swaps their class for the call's duration),
+the outputs of each call of a function named with :func:`offering_calls`, and
 each :func:`offer_name` value; those the policy accepts are kept, keyed by
 where they were made (the layer, or the name) and how many times that place
 had made one before. While the function is recomputed in the backward pass
@@ -11,7 +12,9 @@ had made one before. While the function is recomputed in the backward pass
 value is returned in place of the new one, wrapped in a custom function whose
 vjp is the vjp of what made it: it reads the recomputed inputs (and the
 layer's weights), so gradients are exact, and the work that made the value is
-built but never evaluated.
+built but never evaluated. A named value is the one exception: only the value
+is known, not what made it, so the reuse's input is the recomputed value
+itself, and MLX, which evaluates a custom function's inputs, computes it.
 
 :func:`unrecomputed` is the block that recomputes nothing: its inputs pass
 through an identity whose vjp finishes and marks the block's gradients, and
@@ -32,7 +35,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
-from . import _capture, _flat, _stages, _validate
+from . import _capture, _flat, _pytree, _stages, _validate
 
 MATMUL, NAME = "matmul", "name"
 
@@ -46,8 +49,8 @@ class Saveable:
 
     Attributes:
         kind: ``"matmul"`` (the output of an ``nn.Linear`` or
-            ``nn.QuantizedLinear`` layer) or ``"name"`` (a value passed
-            through :func:`nuvec_mlx.checkpoint_name`).
+            ``nn.QuantizedLinear`` layer) or ``"name"`` (a value, or a
+            function's output, named with :func:`nuvec_mlx.checkpoint_name`).
         name: the layer's path inside the module that reaches it (for example
             ``"mlp.up_proj"``), or the name given to ``checkpoint_name``.
         shape: the value's shape.
@@ -156,6 +159,36 @@ def offer_name(x: mx.array, name: str) -> mx.array:
     if run is None:
         return x
     return run.offer(NAME, name, name, x, lambda: (lambda v: v, [x]))
+
+
+def offering_calls(fn: Callable, name: str) -> Callable:
+    """``fn``, whose output arrays are offered to the running checkpoint's policy under ``name``.
+
+    A kept output is reused with the vjp of ``fn`` at its array arguments
+    (and the arrays of the modules it reaches), as a layer's output
+    is: ``fn`` itself is built but never evaluated in the recomputation. A
+    value named with :func:`offer_name` is instead the input of its own reuse,
+    so what made it is still computed.
+    """
+
+    def offering(flat: Callable[[list[mx.array]], list[mx.array]]) -> Callable[[list[mx.array]], list[mx.array]]:
+        def offered(xs: list[mx.array]) -> list[mx.array]:
+            run, outs = _active.get(), flat(xs)
+
+            def vjp_of(i: int) -> tuple[Callable, list[mx.array]]:
+                return (lambda *ps: flat(list(ps))[i]), xs
+
+            return [run.offer(NAME, name, name, out, functools.partial(vjp_of, i)) for i, out in enumerate(outs)]
+
+        return offered
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if _active.get() is None:
+            return fn(*args, **kwargs)
+        return _pytree.call_flat(offering, fn, args, kwargs)
+
+    return call
 
 
 def _layer_call(cls: type) -> Callable:

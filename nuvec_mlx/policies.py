@@ -16,10 +16,11 @@ The values a checkpoint can keep (everything else is recomputed):
   that an ``nv.checkpoint`` function captures or that
   ``checkpoint_sequential`` runs. Bare ``x @ w``, ``mx.matmul``,
   ``mx.addmm``, ``mx.quantized_matmul``, mlx-lm's ``SwitchLinear`` and
-  tied embeddings (``Embedding.as_linear``) are not intercepted: wrap
-  their results in :func:`checkpoint_name` to keep them.
+  tied embeddings (``Embedding.as_linear``) are not intercepted: name
+  the function that computes them with :func:`checkpoint_name` to keep them.
 - ``"name"``: a value passed through :func:`checkpoint_name` inside the
-  checkpointed function (also in ``checkpoint_flat`` functions).
+  checkpointed function (also in ``checkpoint_flat`` functions), or the
+  output of a function named with it, whose work is then spared.
 
 :func:`save_everything` is the one policy recognised by identity: the block is
 not recomputed at all (it keeps all it would keep unchecked), but its forward
@@ -37,6 +38,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import mlx.core as mx
 
@@ -109,31 +111,45 @@ def save_names(*names: str) -> Policy:
     return policy
 
 
-def checkpoint_name(x: mx.array, name: str) -> mx.array:
-    """Name a value inside a checkpointed function, so that a policy can keep it.
+def checkpoint_name(x: mx.array | Callable[..., Any], name: str) -> Any:
+    """Name a value, or a function's outputs, inside a checkpointed function, so that a policy can keep it.
 
-    Outside a checkpoint, or when the policy does not keep it, ``x`` is
-    returned as it is. Kept, the recomputation reads the value of the
-    forward pass in its place, and the gradient flows through it as through
-    ``x``.
+    Kept (by :func:`save_names`, or a policy of your own), the recomputation
+    reads the value of the forward pass in its place, and the gradient flows
+    through it as through the value. Outside a checkpoint, or when the policy
+    does not keep it, nothing changes.
+
+    Name the function that makes a value to spare its work: the recomputation
+    then builds the function's vjp at its arguments and never computes the
+    function itself (as :func:`save_matmuls` does for layers). A named value
+    is reused, but what made it is still computed, because the kept value
+    stands in for the recomputed one, which MLX computes first; it saves
+    work only where what made it was needed anyway.
 
     Args:
-        x: an array computed inside the checkpointed function.
+        x: an array computed inside the checkpointed function, or a function
+            of arrays (pytrees of them, other arguments static) whose output
+            arrays are named at each call, for example
+            ``mx.fast.scaled_dot_product_attention``.
         name: the name policies see (:attr:`Saveable.name`).
 
     Returns:
-        ``x``, or the value kept from the forward pass while recomputing.
+        For an array, ``x`` or the value kept from the forward pass while
+        recomputing; for a function, the function that names its outputs.
 
     Example:
+        >>> attention = nv.checkpoint_name(mx.fast.scaled_dot_product_attention, "attention")
         >>> def block(x, w):
-        ...     h = nv.checkpoint_name(mx.tanh(x @ w), "hidden")
-        ...     return h * h
-        >>> nv.checkpoint(block, policy=nv.policies.save_names("hidden"))(x, w)
+        ...     q, k, v = mx.split((x @ w)[:, None], 3, axis=-1)
+        ...     return attention(q, k, v, scale=1.0)[:, 0]
+        >>> nv.checkpoint(block, policy=nv.policies.save_names("attention"))(x, w)
     """
-    if not isinstance(x, mx.array):
-        raise TypeError(f"x must be an mlx.core.array, got {type(x).__name__}")
     _check_name(name, "name")
-    return _saving.offer_name(x, name)
+    if isinstance(x, mx.array):
+        return _saving.offer_name(x, name)
+    if callable(x):
+        return _saving.offering_calls(x, name)
+    raise TypeError(f"x must be an mlx.core.array or a function, got {type(x).__name__}")
 
 
 def _check_name(name: object, argument: str) -> None:

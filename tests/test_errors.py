@@ -217,7 +217,7 @@ CATALOGUE = [
      ValueError, r"^the timeline holds no readings: no nv.eval ran inside it$"),
     # policies, checkpoint_name
     ("checkpoint_name: x not an array", lambda: nv.checkpoint_name(1.0, "h"),
-     TypeError, r"^x must be an mlx.core.array, got float$"),
+     TypeError, r"^x must be an mlx.core.array or a function, got float$"),
     ("checkpoint_name: an empty name", lambda: nv.checkpoint_name(a, ""),
      ValueError, r"^name must be a non-empty str, got ''$"),
     ("checkpoint_name: a name not a str", lambda: nv.checkpoint_name(a, 3),

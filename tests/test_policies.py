@@ -103,6 +103,57 @@ def test_save_matmuls_recomputes_no_layer_and_save_nothing_recomputes_them(tmp_p
 def test_checkpoint_name_is_the_identity_outside_a_checkpoint():
     x = mx.ones((3,))
     assert nv.checkpoint_name(x, "x") is x
+    assert_close(nv.checkpoint_name(mx.exp, "e")(x), mx.exp(x), 0)
+
+
+def project(x, w, *, scale=1.0):
+    """A matrix multiply with a static keyword, named as a function in the blocks below."""
+    return scale * (x @ w)
+
+
+def matmuls_of_two_blocks(block, tmp_path):
+    """Matrix multiplies in the gradient graph of two applications of ``block(x, w)``."""
+    loss = lambda x, w: block(block(x, w), w).sum()  # noqa: E731
+    value, grads = mx.value_and_grad(loss, argnums=(0, 1))(mx.ones((4, 4)), mx.ones((4, 4)))
+    path = tmp_path / "graph.dot"
+    mx.export_to_dot(str(path), value, *grads)
+    return len(re.findall('label ="Matmul"', path.read_text()))
+
+
+def test_a_named_function_is_not_recomputed_and_a_named_value_is(tmp_path):
+    named = nv.checkpoint_name(project, "h")
+    of_function = lambda x, w: mx.sin(named(x, w, scale=0.5))  # noqa: E731
+    of_value = lambda x, w: mx.sin(nv.checkpoint_name(project(x, w, scale=0.5), "h"))  # noqa: E731
+    plain = matmuls_of_two_blocks(of_function, tmp_path)
+    keep = policies.save_names("h")
+    assert matmuls_of_two_blocks(nv.checkpoint(of_function, policy=keep), tmp_path) == plain
+    assert matmuls_of_two_blocks(nv.checkpoint(of_function), tmp_path) == plain + 2
+    # A named value is kept, but MLX computes the recomputed value its reuse stands in for.
+    assert matmuls_of_two_blocks(nv.checkpoint(of_value, policy=keep), tmp_path) == plain + 2
+
+
+@pytest.mark.parametrize("compiled_step", [False, True], ids=["eager", "compiled"])
+def test_a_named_function_gives_the_unchecked_gradients(compiled_step, compiled):
+    attention = nv.checkpoint_name(mx.fast.scaled_dot_product_attention, "attention")
+    named_project = nv.checkpoint_name(project, "qkv")
+
+    def block(x, w, positions):  # positions: an integer input, not differentiated
+        q, k, v = mx.split(named_project(x + positions[:, None], w, scale=0.5)[None, None], 3, axis=-1)
+        return mx.tanh(attention(q, k, v, scale=0.25, mask="causal")[0, 0])
+
+    def loss(fn):
+        return lambda x, w, positions: (fn(fn(x, w, positions) @ w[:, :8], w, positions) ** 2).sum()
+
+    x, w = mx.random.normal((6, 8), key=mx.random.key(1)), mx.random.normal((8, 24), key=mx.random.key(2))
+    positions = mx.arange(6)
+    seen = []
+    keep = lambda v: seen.append(v.name) or v.kind == policies.NAME  # noqa: E731
+    grads = {}
+    for key, fn in (("plain", block), ("kept", nv.checkpoint(block, policy=keep))):
+        g = mx.grad(loss(fn), argnums=(0, 1))
+        grads[key] = (mx.compile(g) if compiled_step else g)(x, w, positions)
+    assert_close(list(grads["kept"]), list(grads["plain"]), 1e-5)
+    assert set(seen) == {"qkv", "attention"}
 
 
 @pytest.mark.parametrize("compiled_step", [False, True], ids=["eager", "compiled"])
@@ -219,7 +270,7 @@ def test_per_example_gradients_and_hessian_vector_products_go_through_kept_value
 
     def loss(x, policy):
         def block(x):
-            return mx.tanh(nv.checkpoint_name(layer(x), "h")) * 2
+            return mx.tanh(nv.checkpoint_name(layer(x), "h")) * 2 + nv.checkpoint_name(mx.sin, "h")(x)
 
         f = block if policy is None else nv.checkpoint(block, policy=policy)
         return (f(x) ** 2).sum()
