@@ -100,7 +100,8 @@ def holder(model: nn.Module) -> nn.Module:
 
 
 def setup(blocks: list[nn.Module], rule: Any) -> Callable[[nn.Module], None]:
-    """What sets a model's blocks up as ``rule`` says: a plan's modes, or a fixed rule's name."""
+    """What sets a model's blocks up as ``rule`` says: a plan's modes (``"plain"``, a policy's name
+    in :mod:`nuvec_mlx.policies`, or a policy), or a fixed rule's name."""
     layers: list[nn.Module] = list(blocks)
     if rule == "sqrt(n) segments":
         size = math.ceil(len(blocks) / math.ceil(math.sqrt(len(blocks))))
@@ -113,8 +114,8 @@ def setup(blocks: list[nn.Module], rule: Any) -> Callable[[nn.Module], None]:
     def apply(model: nn.Module) -> None:
         holder(model).layers = layers
         for block, mode in zip(blocks, modes):
-            nv.checkpoint_module(block, enable=mode != "plain",
-                                 policy=None if mode == "plain" else getattr(nv.policies, mode))
+            nv.checkpoint_module(block, enable=mode != "plain", policy=None if mode == "plain" else
+                                 getattr(nv.policies, mode) if isinstance(mode, str) else mode)
         for segment in layers if rule == "sqrt(n) segments" else []:
             nv.checkpoint_module(segment)
 

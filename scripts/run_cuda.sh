@@ -19,6 +19,9 @@
 #               the time it takes beyond mlx-lm's; PROBE=checkpoint_cost runs that probe instead (nuvec's
 #               checkpoint against mx.checkpoint, a part at a time); PROBE_ARGS adds arguments
 #               (--arch qwen3_moe ...), PROBE_NAME names the result
+#   probe-policy
+#               benchmarks/probes/matmul_policy_time.py: save_matmuls on the plan sweep's transformer, a part
+#               at a time (the stages, the recomputation, the attention kept)
 #   mlx-graphs  the MLX strategies again with MLX's own CUDA graph size (100 ops on an H200)
 #   budgets     budget sweeps of the seed step, input-only and with weight gradients
 #   budget0     the seed MLP (input gradient) and its depth sweep at budget 0: no run-ahead, and its cost
@@ -31,7 +34,8 @@
 #               TRAIN_ARGS="--modes full --strategies none,mlx-lm,nuvec" bash scripts/run_cuda.sh OUT train-moe
 #   plan        the planner's budget sweep (benchmarks/plan_sweep.py --suite full) on the MLP and the
 #               transformer: plans from the smallest reachable peak to the unchecked one, against every
-#               block, every 2nd and sqrt(n) segments checkpointed
+#               block, every 2nd and sqrt(n) segments checkpointed; PLAN_ARGS adds arguments to the plan
+#               parts' command (PLAN_ARGS="--optimizer adam": each step updates with Adam through nv.update)
 #   plan-llama  the same on a random-weight mlx-lm Llama (hidden 2048, 16 layers, seq 2048, batch 4):
 #               needs mlx-lm (below)
 #   tests       pytest on the GPU (MLX's default device there): $TESTS, by default the mlx-lm tests
@@ -43,7 +47,7 @@
 # A part that fails says so at the end of its log and on the console; the others still run, and
 # the script's exit status is 1 if any part failed.
 set -uo pipefail
-usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|probe-lora|mlx-graphs|budgets|budget0|train|train-llama|train-moe|plan|plan-llama|tests|all"
+usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|probe-lora|probe-policy|mlx-graphs|budgets|budget0|train|train-llama|train-moe|plan|plan-llama|tests|all"
 out=${1:?$usage}
 part=${2:?$usage}
 # The machine's paths, each overridable from the environment.
@@ -99,16 +103,17 @@ part_probe_lora() {
   with_mlx_lm && mkdir -p "$out/probe-lora" &&
     $PY "benchmarks/probes/${PROBE:-lora_time}.py" "$out/probe-lora/${PROBE_NAME:-llama-lora}.json" ${PROBE_ARGS:-}
 }
+part_probe_policy() { mkdir -p "$out/probe-policy" && $PY benchmarks/probes/matmul_policy_time.py "$out/probe-policy/transformer.json"; }
 part_mlx_graphs() { MLX_MAX_OPS_PER_BUFFER=100 bench --suite full --peers none --out "$out/mlx-graphs"; }
 part_budgets() {
   sweep --repeats 9 --budgets inf,0,16,64,256 --out "$out/budgets" &&
     sweep --weight-grads --repeats 9 --budgets inf,0,16,64,256 --out "$out/budgets"
 }
+plan_sweep() { $PY -m nuvec_mlx_bench.plan_sweep --suite full "$@" ${PLAN_ARGS:-}; }
 part_plan() {  # one model at a time, each into its own folder: a cut-off run keeps the models it finished
-  $PY -m nuvec_mlx_bench.plan_sweep --suite full --models mlp --out "$out/plan/mlp" &&
-    $PY -m nuvec_mlx_bench.plan_sweep --suite full --models transformer --out "$out/plan/transformer"
+  plan_sweep --models mlp --out "$out/plan/mlp" && plan_sweep --models transformer --out "$out/plan/transformer"
 }
-part_plan_llama() { with_mlx_lm && $PY -m nuvec_mlx_bench.plan_sweep --suite full --models llama --out "$out/plan-llama"; }
+part_plan_llama() { with_mlx_lm && plan_sweep --models llama --out "$out/plan-llama"; }
 part_budget0() {
   bench --suite full --models mlp --weight-grads off --budget 0 --strategies none,none-policy,nuvec \
     --peers none --out "$out/budget0"
@@ -140,7 +145,7 @@ run_part() {  # run_part NAME: the part's output into its log; a failure is said
 }
 
 case $part in
-  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|probe-lora|mlx-graphs|budgets|budget0|train|train-llama|train-moe|plan|plan-llama|tests)
+  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|probe-lora|probe-policy|mlx-graphs|budgets|budget0|train|train-llama|train-moe|plan|plan-llama|tests)
     run_part "$part" ;;
   all)
     for p in suite mlx-graphs budgets budget0 plan plan-llama; do run_part "$p"; done
