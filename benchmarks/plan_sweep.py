@@ -190,7 +190,7 @@ def sweep(name: str, shape: dict, budgets: int, repeats: int, optimizer: str = "
             "time": m["time"], **({
                 "budget": plan.budget, "fits": plan.fits, "planned_measured": plan.measured,
                 "predicted": plan.predicted, "smallest": plan.smallest, "unchecked": plan.unchecked,
-                "modes": plan.modes, "corrections": len(plan.corrections)} if plan else {}),
+                "modes": plan.modes, "corrections": len(plan.corrections), "rule": plan.rule} if plan else {}),
         })
     none = next(r for r in rows if r["case"] == "none")
     for row in rows:

@@ -16,7 +16,11 @@ modes, chooses the mix with the least recompute time whose predicted peak fits
 also of a step read only at its end, as it runs outside the planner (on CUDA
 the readings after each stage free buffers sooner). If the measured peak
 misses the budget, it lowers its target by the miss and chooses again (at most ``corrections`` times); if no mix fits, it says so, with
-the smallest peak it can reach, measured.
+the smallest peak it can reach, measured. Last, it sets the mix against the
+fixed rules it measured (every block in one mode, and every 2nd block
+checkpointed, the others plain): a rule that fits the budget and ran faster
+is verified as it runs and taken instead. Staged blocks cost the host a wait
+each, which the per-block recompute times do not show.
 
 Peaks are MLX's active memory (after :func:`mlx.core.synchronize`, cache
 cleared first), counting everything the process holds in MLX at the step's
@@ -43,6 +47,8 @@ from .nn import find_layers
 
 MiB = 1 << 20
 PLAIN = _trial.PLAIN
+#: The fixed rule that checkpoints every 2nd block and leaves the others plain.
+EVERY_2ND = "every 2nd block"
 #: Seconds added per mode that keeps less, so that equal measured costs prefer keeping more.
 TIE = 1e-6
 #: The modes :func:`plan` chooses among by default, most memory first.
@@ -138,6 +144,7 @@ class Planner:
         self.corrections, self.progress = corrections, progress
         self.profiles: dict[str, Profile] = {}
         self.unchecked: list[_trial.Reading] = []
+        self.rules: dict[str, tuple[tuple[str, ...], list[_trial.Reading]]] = {}  # name: (modes, readings)
         self._least: tuple[_choose.Choice, _trial.Reading] | None = None
 
     def measure(self, modes: Sequence[str], as_run: bool = False) -> list[_trial.Reading]:
@@ -146,13 +153,39 @@ class Planner:
 
     def profile(self) -> None:
         n = len(self.trial.blocks)
-        with tqdm(total=len(self.modes) + 1, desc="nv.plan: measuring", unit="step pair",
+        with tqdm(total=len(self.modes) + 2, desc="nv.plan: measuring", unit="step pair",
                   disable=not self.progress) as bar:
             self.unchecked = self.measure([PLAIN] * n)
             bar.update()
             for name in self.modes:
                 self.profiles[name] = Profile.of(name, self.measure([name] * n), n)
                 bar.update()
+            # The fixed rules a mix is set against: every block in one mode (measured above), and every
+            # 2nd block in the mode that keeps least, the others plain (not wrapped: no stages).
+            self.rules = {f"every block {m}": ((m,) * n, p.readings) for m, p in self.profiles.items()}
+            least = min(self.profiles, key=lambda m: sum(self.profiles[m].keeps))
+            every_2nd = tuple(least if j % 2 == 0 else PLAIN for j in range(n))
+            self.rules[EVERY_2ND] = every_2nd, self.measure(every_2nd)
+            bar.update()
+
+    def _faster_rule(self, budget: int, seconds: float) -> tuple[str, tuple] | None:
+        """The fastest rule whose measured step fits ``budget`` (with the margin between its repeats)
+        and took less than ``seconds``, verified as it runs: its name and history entry; else ``None``."""
+        fitting = [(r[-1].seconds, name) for name, (_, r) in self.rules.items()
+                   if _highest(r).peak + _spread(r) <= budget and r[-1].seconds < seconds]
+        if not fitting:
+            return None
+        name = min(fitting)[1]
+        modes, readings = self.rules[name]
+        reading = _highest(self.measure(modes, as_run=True))
+        if reading.peak > budget:
+            return None
+        options, _ = self.options()
+        cost = sum(o.cost for j, m in enumerate(modes) for o in options[j] if o.mode == m)
+        top = max(readings[-1].stages, key=lambda r: r.peak)
+        at = (_staged(modes)[top.block - 1], top.kind) if top.block else (len(modes), "outputs")
+        observed = _highest(readings)
+        return name, (_choose.Choice(modes, observed.peak - observed.start, cost, at), reading, _spread(readings))
 
     def options(self) -> tuple[list[list[_choose.Option]], int]:
         """Each block's options, and the outputs stage's peak (all above the step's start)."""
@@ -231,7 +264,11 @@ class Planner:
                 bar.update()
                 history.append((choice, reading, margin))
                 if reading.peak <= budget:
-                    return Plan(self, budget, history, fits=True)
+                    rule = None if plain else self._faster_rule(budget, reading.seconds)
+                    if rule is not None:
+                        history[-1] = rule[1]
+                    return Plan(self, budget, history, fits=True,
+                                instead=rule and (rule[0], reading.seconds))
                 # That choice peaked this much above its prediction: so may others; it is now out of reach.
                 margin = max(self.jitter(), margin, reading.peak - (reading.start + choice.peak)) + max(1, budget // 2000)
                 plain = False
@@ -259,10 +296,16 @@ class Plan:
         recompute: the predicted recompute seconds per step.
         blocks: per block, a :class:`Block` row.
         corrections: the (predicted, measured) peaks of the tries before the last.
+        rule: the fixed rule taken instead of the mix chosen for the budget
+            (``"every 2nd block"``, ``"every block save_nothing"`` ...) because it
+            fitted and ran faster; ``None`` for the mix.
+        mix_seconds: with a rule, the measured time of the mix it replaced.
     """
 
-    def __init__(self, planner: Planner, budget: int, history: list, fits: bool):
+    def __init__(self, planner: Planner, budget: int, history: list, fits: bool,
+                 instead: tuple[str, float] | None = None):
         choice, reading, margin = history[-1]
+        self.rule, self.mix_seconds = instead or (None, None)
         self._planner = planner
         self.budget, self.fits = budget, fits
         self.modes = list(choice.modes)
@@ -278,7 +321,8 @@ class Plan:
         self.smallest = max(start + planner.smallest().peak + planner.jitter(), planner.least()[1].peak)
         top = max(reading.stages, key=lambda r: r.peak)
         names = planner.names
-        self.measured_peak_at = _stage_name(top.kind, None if top.block is None else top.block - 1, names)
+        self.measured_peak_at = _stage_name(top.kind, None if top.block is None else _staged(self.modes)[top.block - 1],
+                                            names)
         self.predicted_peak_at = _stage_name(choice.at[1], choice.at[0], names)
         self.corrections = [(list(c.modes), start + c.peak + m, r.peak) for c, r, m in history[:-1]]
         self.blocks = []
@@ -317,6 +361,7 @@ class Plan:
             "unchecked": self.unchecked, "smallest": self.smallest, "seconds": self.seconds,
             "recompute_seconds": self.recompute, "measured_peak_at": self.measured_peak_at,
             "predicted_peak_at": self.predicted_peak_at, "corrections": self.corrections,
+            "rule": self.rule, "mix_seconds": self.mix_seconds,
             "blocks": [dataclasses.asdict(b) for b in self.blocks],
         }
 
@@ -340,6 +385,9 @@ class Plan:
         if not self.fits:
             lines.append(f"no plan fits {self.budget / MiB:.1f} MiB: the smallest peak reached, "
                          f"measured, is {self.measured / MiB:.1f} MiB (the modes below)")
+        if self.rule:
+            lines.append(f"taken: the fixed rule {self.rule}, which fits and measured {self.seconds:.3f} s against "
+                         f"{self.mix_seconds:.3f} s for the mix chosen for the budget")
         for _, predicted, measured in self.corrections:
             lines.append(f"correction: predicted {predicted / MiB:.1f} MiB, measured {measured / MiB:.1f} MiB "
                          f"> budget; chose again with the miss as margin")
@@ -360,6 +408,11 @@ def _stage_name(kind: str, block: int | None, names: Sequence[str]) -> str:
     if kind == "outputs" or block is None:
         return "the evaluation of the outputs"
     return f"{kind} pass of {names[block]}"
+
+
+def _staged(modes: Sequence[str]) -> list[int]:
+    """The blocks that are stages (not plain), in order: timeline readings count only those."""
+    return [j for j, m in enumerate(modes) if m != PLAIN]
 
 
 def _spread(readings: Sequence[_trial.Reading]) -> int:

@@ -1,5 +1,6 @@
 """nv.plan: the measured peak meets every budget from the plan's smallest to the unchecked peak."""
 
+import dataclasses
 import json
 
 import mlx.core as mx
@@ -9,6 +10,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 import nuvec_mlx as nv
+from nuvec_mlx.plan import EVERY_2ND
 from tests.helpers import assert_close, held_while_unobserved, tiny_llama
 
 
@@ -187,3 +189,21 @@ def test_a_plan_is_verified_as_its_step_runs_unobserved(monkeypatch, compiled):
     assert plan.corrections and plan.corrections[0][0] == observed.modes, str(plan)
     assert plan.corrections[0][2] >= observed.measured + extra - (256 << 10), str(plan)
     assert plan.fits and plan.measured <= budget, str(plan)
+
+
+def test_a_fixed_rule_that_fits_and_ran_faster_is_taken_instead_of_the_mix(compiled):
+    model, loss_fn, x, _ = bench_case("mlp")
+    first = nv.plan(model, loss_fn, x, budget=1 << 40, progress=False)
+    modes, readings = first._planner.rules[EVERY_2ND]
+    assert modes.count("plain") == len(modes) // 2
+    fits = max(r.peak for r in readings) + (1 << 20)
+    assert fits < first.unchecked
+    readings[:] = [dataclasses.replace(r, seconds=1e-9) for r in readings]  # as if far faster than any mix
+    plan = first.replan(fits)
+    assert plan.rule == EVERY_2ND and list(plan.modes) == list(modes), str(plan)
+    assert plan.fits and plan.measured <= fits and abs(plan.measured / plan.predicted - 1) <= 0.10, str(plan)
+    assert "taken: the fixed rule every 2nd block" in str(plan)
+    assert plan.mix_seconds > 0 and not plan.corrections
+    # Below what the rule needs it is not taken, however fast, and the mix fits.
+    tight = first.replan(int(first.smallest + (max(r.peak for r in readings) - first.smallest) / 2))
+    assert tight.rule != EVERY_2ND and tight.fits and tight.measured <= tight.budget, str(tight)
