@@ -185,7 +185,8 @@ class Planner:
         top = max(readings[-1].stages, key=lambda r: r.peak)
         at = (_staged(modes)[top.block - 1], top.kind) if top.block else (len(modes), "outputs")
         observed = _highest(readings)
-        return name, (_choose.Choice(modes, observed.peak - observed.start, cost, at), reading, _spread(readings))
+        # Its "prediction" is what its profiled steps measured (the margin was for the decision).
+        return name, (_choose.Choice(modes, observed.peak - observed.start, cost, at), reading, 0)
 
     def options(self) -> tuple[list[list[_choose.Option]], int]:
         """Each block's options, and the outputs stage's peak (all above the step's start)."""
