@@ -14,8 +14,9 @@ those of the user's step: the originals kept to put back are counted out.
 from __future__ import annotations
 
 import contextlib
-import gc
 import dataclasses
+import gc
+import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -157,6 +158,33 @@ class Trial:
         finally:
             undo()
         return readings
+
+    def time(self, batch: Any, steps: int = 3) -> float:
+        """The median seconds of ``steps`` steps on ``batch``, run as a training loop runs them.
+
+        After one step that traces and compiles, each step is timed from its
+        call to the end of :func:`nuvec_mlx.eval` and :func:`mlx.core.synchronize`,
+        unobserved and with MLX's buffer cache kept (as between a loop's steps),
+        and put back after. :meth:`measure`'s steps clear the cache and
+        synchronize after every stage, which costs each step in proportion to
+        the memory and stages it has: fine for peaks, not for comparing times.
+        """
+        gc.collect()
+        step, state = self._step()
+        args = as_batch(batch)
+        undo = _pytree.snapshot(state)
+        seconds = []
+        try:
+            for _ in range(steps + 1):
+                self._copies()
+                begin = time.perf_counter()
+                nv_eval(step(*args), state)
+                mx.synchronize()
+                seconds.append(time.perf_counter() - begin)
+                undo()
+        finally:
+            undo()
+        return statistics.median(seconds[1:])
 
     def _copies(self) -> int:
         """Give the model and the optimizer copies of what a step replaces; the bytes the originals hold.

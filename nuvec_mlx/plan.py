@@ -145,6 +145,7 @@ class Planner:
         self.profiles: dict[str, Profile] = {}
         self.unchecked: list[_trial.Reading] = []
         self.rules: dict[str, tuple[tuple[str, ...], list[_trial.Reading]]] = {}  # name: (modes, readings)
+        self.rule_seconds: dict[str, float] = {}  # name: its step's time as a loop runs it (measured when needed)
         self._least: tuple[_choose.Choice, _trial.Reading] | None = None
 
     def measure(self, modes: Sequence[str], as_run: bool = False) -> list[_trial.Reading]:
@@ -168,14 +169,20 @@ class Planner:
             self.rules[EVERY_2ND] = every_2nd, self.measure(every_2nd)
             bar.update()
 
-    def _faster_rule(self, budget: int, seconds: float) -> tuple[str, tuple] | None:
-        """The fastest rule whose measured step fits ``budget`` (with the margin between its repeats)
-        and took less than ``seconds``, verified as it runs: its name and history entry; else ``None``."""
-        fitting = [(r[-1].seconds, name) for name, (_, r) in self.rules.items()
-                   if _highest(r).peak + _spread(r) <= budget and r[-1].seconds < seconds]
+    def _faster_rule(self, budget: int, mix: Sequence[str]) -> tuple[str, tuple, float] | None:
+        """The fastest rule whose profiled step fits ``budget`` (with the margin between its repeats)
+        and runs faster than the ``mix`` (:meth:`nuvec_mlx._trial.Trial.time`; each rule's once),
+        verified as it runs: its name, history entry and the mix's seconds; else ``None``."""
+        fitting = [name for name, (_, r) in self.rules.items() if _highest(r).peak + _spread(r) <= budget]
         if not fitting:
             return None
-        name = min(fitting)[1]
+        for name in fitting:
+            if name not in self.rule_seconds:
+                self.rule_seconds[name] = self._time(self.rules[name][0])
+        mix_seconds = self._time(mix)
+        name = min(fitting, key=self.rule_seconds.__getitem__)
+        if self.rule_seconds[name] >= mix_seconds:
+            return None
         modes, readings = self.rules[name]
         reading = _highest(self.measure(modes, as_run=True))
         if reading.peak > budget:
@@ -185,8 +192,14 @@ class Planner:
         top = max(readings[-1].stages, key=lambda r: r.peak)
         at = (_staged(modes)[top.block - 1], top.kind) if top.block else (len(modes), "outputs")
         observed = _highest(readings)
-        # Its "prediction" is what its profiled steps measured (the margin was for the decision).
-        return name, (_choose.Choice(modes, observed.peak - observed.start, cost, at), reading, 0)
+        # Its prediction is what the decision took: its profiled peak and the margin between repeats.
+        reading = dataclasses.replace(reading, seconds=self.rule_seconds[name])
+        choice = _choose.Choice(modes, observed.peak - observed.start, cost, at)
+        return name, (choice, reading, _spread(readings)), mix_seconds
+
+    def _time(self, modes: Sequence[str]) -> float:
+        self.trial.set_modes([m if m == PLAIN else self.modes[m] for m in modes])
+        return self.trial.time(self.batch)
 
     def options(self) -> tuple[list[list[_choose.Option]], int]:
         """Each block's options, and the outputs stage's peak (all above the step's start)."""
@@ -265,11 +278,10 @@ class Planner:
                 bar.update()
                 history.append((choice, reading, margin))
                 if reading.peak <= budget:
-                    rule = None if plain else self._faster_rule(budget, reading.seconds)
+                    rule = None if plain else self._faster_rule(budget, choice.modes)
                     if rule is not None:
                         history[-1] = rule[1]
-                    return Plan(self, budget, history, fits=True,
-                                instead=rule and (rule[0], reading.seconds))
+                    return Plan(self, budget, history, fits=True, instead=rule and (rule[0], rule[2]))
                 # That choice peaked this much above its prediction: so may others; it is now out of reach.
                 margin = max(self.jitter(), margin, reading.peak - (reading.start + choice.peak)) + max(1, budget // 2000)
                 plain = False
@@ -300,7 +312,9 @@ class Plan:
         rule: the fixed rule taken instead of the mix chosen for the budget
             (``"every 2nd block"``, ``"every block save_nothing"`` ...) because it
             fitted and ran faster; ``None`` for the mix.
-        mix_seconds: with a rule, the measured time of the mix it replaced.
+        mix_seconds: with a rule, the time of the mix it replaced; both are then
+            medians of 3 steps run as a loop runs them (``seconds`` is otherwise
+            from the planner's measured steps, which read memory after each stage).
     """
 
     def __init__(self, planner: Planner, budget: int, history: list, fits: bool,
