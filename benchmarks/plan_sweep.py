@@ -132,12 +132,13 @@ def initialised(optimizer: str, model: nn.Module) -> optim.Optimizer | None:
 
 
 def case(model: nn.Module, loss_fn: Callable, batch: mx.array, blocks: list[nn.Module], rule: Any,
-         optimizer: str = "none") -> tuple:
+         optimizer: str = "none", synchronize: bool = False) -> tuple:
     """A ``(step, finish)`` pair for :func:`nuvec_mlx_bench.measure.run_cases`: the blocks set up as
     ``rule`` says before each call (the first traces it; compiled, evaluated with nv.eval with the
     state it updates). With an ``optimizer`` (a key of :data:`OPTIMIZERS`) the step updates the
     model with :func:`nuvec_mlx.update`, as ``nuvec-mlx-lora`` does; the case makes its own at its
-    first call, for the model's tree as ``rule`` has it (``sqrt(n) segments`` nests the blocks)."""
+    first call, for the model's tree as ``rule`` has it (``sqrt(n) segments`` nests the blocks).
+    ``synchronize`` is :func:`nuvec_mlx.eval`'s."""
     apply, compiled = setup(blocks, rule), {}
 
     def step() -> Any:
@@ -160,17 +161,19 @@ def case(model: nn.Module, loss_fn: Callable, batch: mx.array, blocks: list[nn.M
         return compiled["fn"](batch)
 
     def finish(outputs: Any) -> None:
-        nv.eval(outputs, compiled["state"])  # as a training loop does: the updated state too
+        nv.eval(outputs, compiled["state"], synchronize=synchronize)  # as a loop does: the updated state too
 
     return step, finish
 
 
-def sweep(name: str, shape: dict, budgets: int, repeats: int, optimizer: str = "none") -> list[dict]:
-    """One model's rows: each budget's plan and the fixed rules, measured side by side."""
+def sweep(name: str, shape: dict, budgets: int, repeats: int, optimizer: str = "none",
+          synchronize: bool = False) -> list[dict]:
+    """One model's rows: each budget's plan and the fixed rules, measured side by side (every step
+    evaluated with ``nv.eval(..., synchronize=synchronize)``, the planner's as-run steps too)."""
     model, loss_fn, batch = build(name, shape)
     blocks = list(holder(model).layers)
     opt = initialised(optimizer, model)  # the planner's; its state stays for the start each case's step adds to
-    first = nv.plan(model, loss_fn, batch, budget=1 << 50, optimizer=opt)
+    first = nv.plan(model, loss_fn, batch, budget=1 << 50, optimizer=opt, synchronize=synchronize)
     plans = [first.replan(int(first.smallest + k * (first.unchecked - first.smallest) / (budgets - 1)))
              for k in range(budgets)]
     rules: dict[str, Any] = {f"plan for {p.budget / MiB:.1f} MiB": p.modes for p in plans}
@@ -178,7 +181,7 @@ def sweep(name: str, shape: dict, budgets: int, repeats: int, optimizer: str = "
     gc.collect()
     mx.synchronize()
     start = mx.get_active_memory()
-    cases = {r: case(model, loss_fn, batch, blocks, rule, optimizer) for r, rule in rules.items()}
+    cases = {r: case(model, loss_fn, batch, blocks, rule, optimizer, synchronize) for r, rule in rules.items()}
     measured = measure.run_cases(cases, repeats, desc=f"{name}: plans and rules")
     setup(blocks, "none")(model)
     rows = []
@@ -213,6 +216,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="none",
                    help="the step's optimizer: none (loss and gradients), or Adam updating with nv.update")
+    p.add_argument("--synchronize", action="store_true",
+                   help="evaluate every step with nv.eval(..., synchronize=True), as the plans are then verified")
     p.add_argument("--out", type=Path, default=Path("benchmarks/out/plan"))
     args = p.parse_args(argv)
     args.models = args.models.split(",")
@@ -277,7 +282,7 @@ def run(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     env = environment.environment(environment.command_line("nuvec-mlx-bench-plan", argv))
     rows = [row for name in args.models
-            for row in sweep(name, SUITES[args.suite][name], args.budgets, args.repeats, args.optimizer)]
+            for row in sweep(name, SUITES[args.suite][name], args.budgets, args.repeats, args.optimizer, args.synchronize)]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
     planned = [r for r in rows if "budget" in r]

@@ -62,12 +62,14 @@ class Trial:
         loss_fn: ``loss_fn(model, *batch)``, as :func:`mlx.nn.value_and_grad` takes.
         optimizer: updates the model in the step, when given.
         compiled: compile the step with :func:`nuvec_mlx.compile`.
+        synchronize: the step as run is evaluated with ``nv.eval(...,
+            synchronize=True)`` (unobserved and timed steps).
     """
 
     def __init__(self, model: nn.Module, loss_fn: Callable, blocks: Sequence[nn.Module],
-                 optimizer: optim.Optimizer | None = None, compiled: bool = True):
+                 optimizer: optim.Optimizer | None = None, compiled: bool = True, synchronize: bool = False):
         self.model, self.loss_fn, self.blocks = model, loss_fn, list(blocks)
-        self.optimizer, self.compiled = optimizer, compiled
+        self.optimizer, self.compiled, self.synchronize = optimizer, compiled, synchronize
 
     @contextlib.contextmanager
     def restoring(self) -> Iterator[None]:
@@ -152,7 +154,7 @@ class Trial:
             if as_run:
                 held = self._copies()
                 with memory.measure() as m:
-                    nv_eval(step(*args), state)
+                    nv_eval(step(*args), state, synchronize=self.synchronize)
                 undo()
                 readings = [dataclasses.replace(r, peak=max(r.peak, m.start - held + m.peak)) for r in readings]
         finally:
@@ -178,7 +180,7 @@ class Trial:
             for _ in range(steps + 1):
                 self._copies()
                 begin = time.perf_counter()
-                nv_eval(step(*args), state)
+                nv_eval(step(*args), state, synchronize=self.synchronize)
                 mx.synchronize()
                 seconds.append(time.perf_counter() - begin)
                 undo()

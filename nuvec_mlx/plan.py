@@ -312,6 +312,8 @@ class Plan:
         rule: the fixed rule taken instead of the mix chosen for the budget
             (``"every 2nd block"``, ``"every block save_nothing"`` ...) because it
             fitted and ran faster; ``None`` for the mix.
+        synchronize: the step was verified as evaluated with
+            ``nv.eval(..., synchronize=True)``: evaluate it so.
         mix_seconds: with a rule, the time of the mix it replaced; both are then
             medians of 3 steps run as a loop runs them (``seconds`` is otherwise
             from the planner's measured steps, which read memory after each stage).
@@ -321,6 +323,7 @@ class Plan:
                  instead: tuple[str, float] | None = None):
         choice, reading, margin = history[-1]
         self.rule, self.mix_seconds = instead or (None, None)
+        self.synchronize = planner.trial.synchronize
         self._planner = planner
         self.budget, self.fits = budget, fits
         self.modes = list(choice.modes)
@@ -376,7 +379,7 @@ class Plan:
             "unchecked": self.unchecked, "smallest": self.smallest, "seconds": self.seconds,
             "recompute_seconds": self.recompute, "measured_peak_at": self.measured_peak_at,
             "predicted_peak_at": self.predicted_peak_at, "corrections": self.corrections,
-            "rule": self.rule, "mix_seconds": self.mix_seconds,
+            "rule": self.rule, "mix_seconds": self.mix_seconds, "synchronize": self.synchronize,
             "blocks": [dataclasses.asdict(b) for b in self.blocks],
         }
 
@@ -400,6 +403,8 @@ class Plan:
         if not self.fits:
             lines.append(f"no plan fits {self.budget / MiB:.1f} MiB: the smallest peak reached, "
                          f"measured, is {self.measured / MiB:.1f} MiB (the modes below)")
+        if self.synchronize:
+            lines.append("verified as evaluated with nv.eval(..., synchronize=True): evaluate the step so")
         if self.rule:
             lines.append(f"taken: the fixed rule {self.rule}, which fits and measured {self.seconds:.3f} s against "
                          f"{self.mix_seconds:.3f} s for the mix chosen for the budget")
@@ -458,6 +463,7 @@ def plan(
     policies: Sequence[Callable] = DEFAULT_POLICIES,
     compile: bool = True,
     corrections: int = 3,
+    synchronize: bool = False,
     progress: bool = True,
 ) -> Plan:
     """Plan which blocks to checkpoint, and how, so that a training step's peak fits ``budget``.
@@ -483,6 +489,10 @@ def plan(
         compile: measure the step compiled with :func:`nuvec_mlx.compile`, as it
             should then be run.
         corrections: how many times to choose again when the measured peak misses.
+        synchronize: verify and time the step as evaluated with
+            ``nv.eval(..., synchronize=True)``, and evaluate it so: on CUDA its
+            peak is then the same every step, not only in the planner's
+            readings (:attr:`Plan.synchronize`).
         progress: show progress bars.
 
     Returns:
@@ -501,11 +511,12 @@ def plan(
     chosen = _check_policies(policies)
     _validate.check_bool(compile, "compile")
     _validate.check_int(corrections, "corrections", minimum=0)
+    _validate.check_bool(synchronize, "synchronize")
     _validate.check_bool(progress, "progress")
     blocks = find_layers(model, layers)
     if not blocks:
         raise ValueError("layers found no blocks in model: nothing to plan")
-    trial = _trial.Trial(model, loss_fn, blocks, optimizer, compile)
+    trial = _trial.Trial(model, loss_fn, blocks, optimizer, compile, synchronize)
     planner = Planner(trial, batch, chosen, _block_names(model, blocks), corrections, progress)
     with trial.restoring():
         planner.profile()

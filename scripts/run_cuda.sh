@@ -36,6 +36,8 @@
 #               transformer: plans from the smallest reachable peak to the unchecked one, against every
 #               block, every 2nd and sqrt(n) segments checkpointed; PLAN_ARGS adds arguments to the plan
 #               parts' command (PLAN_ARGS="--optimizer adam": each step updates with Adam through nv.update)
+#   plan-transformer
+#               the transformer's half of plan
 #   plan-llama  the same on a random-weight mlx-lm Llama (hidden 2048, 16 layers, seq 2048, batch 4):
 #               needs mlx-lm (below)
 #   tests       pytest on the GPU (MLX's default device there): $TESTS, by default the mlx-lm tests
@@ -47,7 +49,7 @@
 # A part that fails says so at the end of its log and on the console; the others still run, and
 # the script's exit status is 1 if any part failed.
 set -uo pipefail
-usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|probe-lora|probe-policy|mlx-graphs|budgets|budget0|train|train-llama|train-moe|plan|plan-llama|tests|all"
+usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|probe-lora|probe-policy|mlx-graphs|budgets|budget0|train|train-llama|train-moe|plan|plan-transformer|plan-llama|tests|all"
 out=${1:?$usage}
 part=${2:?$usage}
 # The machine's paths, each overridable from the environment.
@@ -110,6 +112,7 @@ part_budgets() {
     sweep --weight-grads --repeats 9 --budgets inf,0,16,64,256 --out "$out/budgets"
 }
 plan_sweep() { $PY -m nuvec_mlx_bench.plan_sweep --suite full "$@" ${PLAN_ARGS:-}; }
+part_plan_transformer() { plan_sweep --models transformer --out "$out/plan/transformer"; }
 part_plan() {  # one model at a time, each into its own folder: a cut-off run keeps the models it finished
   plan_sweep --models mlp --out "$out/plan/mlp" && plan_sweep --models transformer --out "$out/plan/transformer"
 }
@@ -145,7 +148,7 @@ run_part() {  # run_part NAME: the part's output into its log; a failure is said
 }
 
 case $part in
-  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|probe-lora|probe-policy|mlx-graphs|budgets|budget0|train|train-llama|train-moe|plan|plan-llama|tests)
+  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|probe-lora|probe-policy|mlx-graphs|budgets|budget0|train|train-llama|train-moe|plan|plan-transformer|plan-llama|tests)
     run_part "$part" ;;
   all)
     for p in suite mlx-graphs budgets budget0 plan plan-llama; do run_part "$p"; done

@@ -170,6 +170,7 @@ CATALOGUE = [
      TypeError, r"^budget must be an int number of bytes or math.inf, got float \(-inf\)$"),
     ("eval: ahead negative", lambda: nv.eval(a, ahead=-1), ValueError, r"^ahead must be >= 0, got -1$"),
     ("eval: ahead a bool", lambda: nv.eval(a, ahead=True), TypeError, r"^ahead must be an int, got bool \(True\)$"),
+    ("eval: synchronize not a bool", lambda: nv.eval(a, synchronize=1), TypeError, r"^synchronize must be a bool, got int$"),
     # memory
     ("memory.budget: negative", lambda: enter(nv.memory.budget(-5)),
      ValueError, r"^nbytes must be >= 0 bytes, got -5$"),
@@ -237,6 +238,8 @@ CATALOGUE = [
      TypeError, r"^loss_fn must be callable, got NoneType$"),
     ("plan: batch holds no array", lambda: nv.plan(nn.Linear(2, 2), total, [1.0, 2.0], 1 << 20),
      TypeError, r"^batch must be an mlx.core.array or a tuple of the loss's arguments holding arrays, got list$"),
+    ("plan: synchronize not a bool", lambda: nv.plan(nn.Linear(2, 2), total, a, 1 << 20, synchronize="yes"),
+     TypeError, r"^synchronize must be a bool, got str$"),
     ("plan: budget zero", lambda: nv.plan(nn.Linear(2, 2), total, a, 0),
      ValueError, r"^budget must be >= 1, got 0$"),
     ("plan: budget a float", lambda: nv.plan(nn.Linear(2, 2), total, a, 1e9),

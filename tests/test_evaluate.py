@@ -263,3 +263,20 @@ def test_eval_waits_for_every_stage_while_memory_is_read_after_each(monkeypatch,
     with context:
         nv.eval(sc.step(sc.inputs), ahead=2)
     assert queued == []
+
+
+@pytest.mark.parametrize("synchronize", [False, True])
+def test_eval_synchronize_waits_for_the_device_after_every_stage_only_when_asked(monkeypatch, compiled, synchronize):
+    from nuvec_mlx import _stages
+
+    sc = _mlp_step("nuvec", blocks=3)
+    nv.eval(sc.step(sc.inputs))  # compile
+    outputs = sc.step(sc.inputs)
+    stages = [e.stages for e in _stages._entries() if e.stages][-1]
+    events = []
+    real_eval, real_synchronize = mx.eval, mx.synchronize
+    monkeypatch.setattr(mx, "eval", lambda *a: events.append("eval") or real_eval(*a))
+    monkeypatch.setattr(mx, "synchronize", lambda *a: events.append("synchronize") or real_synchronize(*a))
+    nv.eval(outputs, budget=math.inf, synchronize=synchronize)  # no throttle: it synchronizes once itself
+    per_stage = ["eval", "synchronize"] if synchronize else ["eval"]
+    assert events == per_stage * len(stages) + ["eval"]  # then the outputs, as mx.eval leaves them

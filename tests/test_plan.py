@@ -207,3 +207,19 @@ def test_a_fixed_rule_that_fits_and_ran_faster_is_taken_instead_of_the_mix(compi
     # Below what the rule needs it is not taken, however fast, and the mix fits.
     tight = first.replan(int(first.smallest + (max(r.peak for r in readings) - first.smallest) / 2))
     assert tight.rule != EVERY_2ND and tight.fits and tight.measured <= tight.budget, str(tight)
+
+
+def test_a_plan_asked_to_synchronize_is_verified_and_timed_so(monkeypatch, compiled):
+    from nuvec_mlx import _trial
+
+    model, loss_fn, x, _ = bench_case("mlp")
+    calls = []
+    real = _trial.nv_eval
+    monkeypatch.setattr(_trial, "nv_eval", lambda *a, **kw: calls.append(kw.get("synchronize")) or real(*a, **kw))
+    budget = int(nv.plan(model, loss_fn, x, budget=1 << 40, progress=False).smallest * 1.5)
+    calls.clear()
+    plan = nv.plan(model, loss_fn, x, budget=budget, synchronize=True, progress=False)
+    assert plan.fits and plan.synchronize and plan.to_dict()["synchronize"], str(plan)
+    assert "synchronize=True" in str(plan)
+    assert True in calls  # the as-run and timed steps; the observed ones synchronize anyway
+    assert not nv.plan(model, loss_fn, x, budget=budget, progress=False).synchronize
