@@ -148,8 +148,12 @@ class Planner:
         self.rule_seconds: dict[str, float] = {}  # name: its step's time as a loop runs it (measured when needed)
         self._least: tuple[_choose.Choice, _trial.Reading] | None = None
 
-    def measure(self, modes: Sequence[str], as_run: bool = False) -> list[_trial.Reading]:
+    def set_modes(self, modes: Sequence[str]) -> None:
+        """Wrap the blocks as ``modes`` (mode names, or :data:`PLAIN`) say."""
         self.trial.set_modes([m if m == PLAIN else self.modes[m] for m in modes])
+
+    def measure(self, modes: Sequence[str], as_run: bool = False) -> list[_trial.Reading]:
+        self.set_modes(modes)
         return self.trial.measure(self.batch, as_run=as_run)
 
     def profile(self) -> None:
@@ -198,7 +202,7 @@ class Planner:
         return name, (choice, reading, _spread(readings)), mix_seconds
 
     def _time(self, modes: Sequence[str]) -> float:
-        self.trial.set_modes([m if m == PLAIN else self.modes[m] for m in modes])
+        self.set_modes(modes)
         return self.trial.time(self.batch)
 
     def options(self) -> tuple[list[list[_choose.Option]], int]:
@@ -357,8 +361,7 @@ class Plan:
         Example:
             >>> nv.plan(model, loss_fn, batch, budget=12 << 30).apply()
         """
-        self._planner.trial.set_modes(
-            [m if m == PLAIN else self._planner.modes[m] for m in self.modes])
+        self._planner.set_modes(self.modes)
         return self
 
     def replan(self, budget: int) -> Plan:
