@@ -71,7 +71,7 @@ def eval(*arrays: Any, budget: int | float | None = None, ahead: int = 0, synchr
         >>> nv.eval(loss, grads)
         >>> nv.eval({"loss": loss, "grads": grads}, budget=64 << 20)
         >>> nv.eval(loss, state, ahead=1)  # faster on a GPU, one more block in flight
-        >>> nv.eval(loss, state, synchronize=True)  # on CUDA, the same peak every step
+        >>> nv.eval(loss, state, synchronize=True)  # on CUDA, a steadier peak
     """
     if budget is not None:
         _validate.check_budget(budget, "budget")
