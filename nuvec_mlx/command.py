@@ -69,6 +69,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"the checkpoint policies the plan may use, comma-separated from {', '.join(POLICIES)}")
     p.add_argument("--largest", choices=("seq", "batch"), help="also find the largest sequence length or batch that fits")
     p.add_argument("--no-compile", action="store_true", help="plan for an uncompiled step")
+    p.add_argument("--synchronize", action="store_true",
+                   help="verify the plan as evaluated with nv.eval(..., synchronize=True) (CUDA: a steadier peak)")
     p.add_argument("--no-report", action="store_true", help="skip the saved-activations report")
     p.add_argument("--json", type=Path, help="also write the plan, report and answer to this file")
     p.add_argument("--seed", type=int, default=0)
@@ -132,7 +134,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     optimizer_class = OPTIMIZERS[args.optimizer]
     optimizer = optimizer_class(learning_rate=args.learning_rate) if optimizer_class else None
     common = dict(optimizer=optimizer, compile=not args.no_compile)
-    found = plan(model, default_loss, batch, args.budget, policies=args.policies, **common)
+    found = plan(model, default_loss, batch, args.budget, policies=args.policies, synchronize=args.synchronize,
+                 **common)
     print(found)
     result: dict[str, Any] = {"command": " ".join(["nuvec-mlx-plan", *(sys.argv[1:] if argv is None else argv)]),
                               "mlx": mx.__version__, "plan": found.to_dict()}

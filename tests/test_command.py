@@ -29,6 +29,14 @@ def test_a_plan_that_fits_prints_the_plan_and_the_report_and_exits_0(folder, tmp
     assert data["plan"]["fits"] and len(data["saved_activations"]["blocks"]) == 4
 
 
+def test_synchronize_is_passed_to_the_planner(folder, tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    status = command.main(["--model", str(folder), "--budget", "64MiB", "--batch-size", "2", "--max-seq-length",
+                           "64", "--num-layers", "-1", "--no-report", "--synchronize", "--json", str(out)])
+    assert status == 0 and "synchronize=True" in capsys.readouterr().out
+    assert json.loads(out.read_text())["plan"]["synchronize"] is True
+
+
 def test_a_budget_no_plan_meets_exits_1_and_says_so(folder, capsys):
     status = command.main(["--model", str(folder), "--budget", "1KiB", "--batch-size", "2", "--max-seq-length",
                            "64", "--num-layers", "4", "--no-report"])
