@@ -133,17 +133,13 @@ class Trial:
         the step as it runs. With ``as_run``, one more step runs unobserved,
         and every reading's peak is at least that step's.
         """
-        gc.collect()  # arrays held only by reference cycles (of earlier steps, of the caller) go first
-        step, state = self._step()
-        args = as_batch(batch)
-        undo = _pytree.snapshot(state)
         readings = []
-        try:
+        with self._fresh(batch) as (step, state, undo):
             for _ in range(steps):
                 held = self._copies()
                 with memory.measure() as m, memory.timeline() as t:
                     begin = time.perf_counter()
-                    out = step(*args)
+                    out = step()
                     nv_eval(out, state)
                     mx.synchronize()
                     seconds = time.perf_counter() - begin
@@ -154,11 +150,9 @@ class Trial:
             if as_run:
                 held = self._copies()
                 with memory.measure() as m:
-                    nv_eval(step(*args), state, synchronize=self.synchronize)
+                    nv_eval(step(), state, synchronize=self.synchronize)
                 undo()
                 readings = [dataclasses.replace(r, peak=max(r.peak, m.start - held + m.peak)) for r in readings]
-        finally:
-            undo()
         return readings
 
     def time(self, batch: Any, steps: int = 3) -> float:
@@ -171,22 +165,29 @@ class Trial:
         synchronize after every stage, which costs each step in proportion to
         the memory and stages it has: fine for peaks, not for comparing times.
         """
-        gc.collect()
-        step, state = self._step()
-        args = as_batch(batch)
-        undo = _pytree.snapshot(state)
         seconds = []
-        try:
+        with self._fresh(batch) as (step, state, undo):
             for _ in range(steps + 1):
                 self._copies()
                 begin = time.perf_counter()
-                nv_eval(step(*args), state, synchronize=self.synchronize)
+                nv_eval(step(), state, synchronize=self.synchronize)
                 mx.synchronize()
                 seconds.append(time.perf_counter() - begin)
                 undo()
+        return statistics.median(seconds[1:])
+
+    @contextlib.contextmanager
+    def _fresh(self, batch: Any) -> Iterator[tuple[Callable[[], Any], list, Callable[[], None]]]:
+        """A freshly traced step on ``batch`` (a call of no arguments), the state it updates, and
+        what puts that state back as it was here; it is put back on leaving, also on an error."""
+        gc.collect()  # arrays held only by reference cycles (of earlier steps, of the caller) go first
+        step, state = self._step()
+        args = as_batch(batch)
+        undo = _pytree.snapshot(state)
+        try:
+            yield (lambda: step(*args)), state, undo
         finally:
             undo()
-        return statistics.median(seconds[1:])
 
     def _copies(self) -> int:
         """Give the model and the optimizer copies of what a step replaces; the bytes the originals hold.
