@@ -10,11 +10,9 @@ from . import memory, policies
 from .checkpoint import checkpoint, checkpoint_flat
 from .compile import Compiled, CompiledFlat, compile, compile_flat
 from .evaluate import eval
-from .fit import Fit, largest_fit
-from .plan import Plan, plan
-from .policies import checkpoint_name
-from .saved import SavedActivations, saved_activations
+from ._policies import checkpoint_name
 from .grad import grad_flat, value_and_grad, value_and_grad_flat
+from .planner import Fit, Plan, SavedActivations, largest_fit, plan, saved_activations
 from .nn import checkpoint_layers, checkpoint_module, checkpoint_sequential, is_checkpointed
 from .update import update
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import mlx.core as mx
 
-from . import _stages, _validate
+from . import _registry, _validate
 
 MiB = 1 << 20
 
@@ -80,7 +80,7 @@ def ceiling(nbytes: int) -> Iterator[None]:
     watch = _Watch(nbytes)
     token = _ceiling.set(nbytes)
     try:
-        with _stages.observing(watch):
+        with _registry.observing(watch):
             mx.synchronize()
             watch.peak_before = mx.get_peak_memory()
             yield

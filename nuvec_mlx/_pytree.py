@@ -24,16 +24,30 @@ return equal ones.
 from __future__ import annotations
 
 import reprlib
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
-from . import _capture, _constants, _flat, _random, _stages, _validate
+from . import _capture, _constants, _marks, _random, _validate
 
 FlatTransform = Callable[[Callable[[list[mx.array]], list[mx.array]]], Callable]
+T = TypeVar("T")
+
+
+def substitute(items: Sequence[T], positions: Sequence[int], values: Sequence[Any]) -> list[T]:
+    """A copy of ``items`` with ``values`` put at ``positions``, in order.
+
+    Example:
+        >>> substitute(["a", "b", "c"], [0, 2], ["x", "z"])
+        ['x', 'b', 'z']
+    """
+    result = list(items)
+    for i, v in zip(positions, values, strict=True):
+        result[i] = v
+    return result
 
 
 def _is_module(value: Any) -> bool:
@@ -152,7 +166,7 @@ def call_flat(transform: FlatTransform, fn: Callable, args: tuple, kwargs: dict)
     first: list[Any] = []  # the first run's output (its structure and non-array leaves)
 
     def flat(xs: list[mx.array]) -> list[mx.array]:
-        a, kw = _rebuild((list(args), kwargs), _flat.substitute(leaves, positions, xs[: len(positions)]))
+        a, kw = _rebuild((list(args), kwargs), substitute(leaves, positions, xs[: len(positions)]))
         out = holding.run(xs[len(positions):], not first, lambda: fn(*a, **kw))
         if not first:
             first.append(out)
@@ -167,7 +181,7 @@ def call_flat(transform: FlatTransform, fn: Callable, args: tuple, kwargs: dict)
 
     flat.__name__ = flat.__qualname__ = _validate.name_of(fn)  # for messages about fn
     xs = [leaves[i] for i in positions] + holding.arrays
-    with _constants.constant_inputs(holding.constants, add=True), _stages.holding(holding.modules):
+    with _constants.constant_inputs(holding.constants, add=True), _marks.holding(holding.modules):
         out = transform(flat)(xs)  # runs flat, which records the output's structure
     arrays = iter(out)
     return tree_map(lambda v: next(arrays) if isinstance(v, mx.array) else v, first[0], is_leaf=_is_module)

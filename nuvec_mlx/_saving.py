@@ -35,7 +35,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
-from . import _capture, _flat, _pytree, _stages, _validate
+from . import _capture, _marks, _pytree, _validate
 
 MATMUL, NAME = "matmul", "name"
 
@@ -278,7 +278,7 @@ def unrecomputed(fn: Callable[[list[mx.array]], Sequence[mx.array]],
     @functools.wraps(fn)
     def staged(xs: Sequence[mx.array]) -> list[mx.array]:
         xs = _validate.check_array_list(xs, "xs")
-        modules = _stages.held()
+        modules = _marks.held()
         wanted = [i for i, x in enumerate(xs) if _validate.is_differentiable(x) and not is_constant(x)]
         if wanted:
             enter = mx.custom_function(lambda *ps: list(ps))
@@ -286,10 +286,10 @@ def unrecomputed(fn: Callable[[list[mx.array]], Sequence[mx.array]],
             @enter.vjp
             def finish(_primals: Any, cotangents: Any, _outputs: Any) -> Any:
                 cotangents = [cotangents] if isinstance(cotangents, mx.array) else list(cotangents)
-                return tuple(_stages.mark(_stages.chained(cotangents), _stages.BACKWARD, modules))
+                return tuple(_marks.mark(_marks.chained(cotangents), _marks.BACKWARD, modules))
 
-            xs = _flat.substitute(xs, wanted, enter(*(xs[i] for i in wanted)))
+            xs = _pytree.substitute(xs, wanted, enter(*(xs[i] for i in wanted)))
         out = _validate.check_outputs(fn(xs), fn)
-        return _stages.mark(out, _stages.FORWARD) if wanted else out
+        return _marks.mark(out, _marks.FORWARD) if wanted else out
 
     return staged

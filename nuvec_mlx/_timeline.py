@@ -18,7 +18,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from . import _stages
+from . import _marks, _registry
 
 MiB = 1 << 20
 
@@ -129,10 +129,10 @@ class _Recorder:
         if index == 0:
             self.evaluation += 1
             self.forward = self.backward = 0
-        self.forward += stage_kind == _stages.FORWARD
-        self.backward += stage_kind == _stages.BACKWARD
+        self.forward += stage_kind == _marks.FORWARD
+        self.backward += stage_kind == _marks.BACKWARD
         # Forward stages end blocks 1, 2, ...; backward ones reach them last first; an update follows its block's.
-        block = self.forward if stage_kind == _stages.FORWARD else self.forward - self.backward + 1
+        block = self.forward if stage_kind == _marks.FORWARD else self.forward - self.backward + 1
         self.result.readings.append(Reading(
             self.evaluation, index, stage_kind, block if block > 0 and stage_kind != "outputs" else None,
             time.perf_counter() - self.start, mx.get_active_memory(), mx.get_peak_memory()))
@@ -152,5 +152,5 @@ def timeline() -> Iterator[Timeline]:
     result = Timeline()
     mx.synchronize()
     mx.reset_peak_memory()
-    with _stages.observing(_Recorder(result)):
+    with _registry.observing(_Recorder(result)):
         yield result

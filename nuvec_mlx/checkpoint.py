@@ -24,14 +24,32 @@ puts functions of pytrees, and the modules they reach, through it.
 from __future__ import annotations
 
 import functools
+import io
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
 
-from . import _constants, _depends, _flat, _pytree, _random, _saving, _stages, _traced, _validate, policies
+from . import _constants, _depends, _marks, policies, _pytree, _random, _saving, _validate, _policies
 
 FlatFn = Callable[[list[mx.array]], Sequence[mx.array]]
+
+
+def _in_shapeless_trace() -> bool:
+    """Whether the code runs inside the trace of ``mx.compile(..., shapeless=True)``.
+
+    ``mx.compile(..., shapeless=True)`` replays its graph for new input shapes
+    by asking every node for its output shapes. MLX's custom functions (which a
+    checkpoint is made of) cannot answer, so such a compile fails at the first
+    call with new shapes, far from the cause: a checkpoint asks here when it is
+    traced, to fail at once with a clear message instead. In a shapeless trace
+    MLX counts an array's elements with a graph node (the count may change with
+    the shapes), elsewhere with a constant: a mean's graph shows which. Nothing
+    is evaluated.
+    """
+    graph = io.StringIO()
+    mx.export_to_dot(graph, mx.zeros((1,)).mean())
+    return "NumberOfElements" in graph.getvalue()
 
 
 def _signature(arrays: Sequence[mx.array]) -> list[tuple[tuple[int, ...], mx.Dtype]]:
@@ -92,7 +110,7 @@ class _Call:
         self.signature: list = []
         self.empty = False  # fn returned no arrays: the custom function returns a stand-in
         self.graph: list[mx.array] = []  # the forward's outputs, as fn computed them
-        self.modules = _stages.held()  # whose gradients the backward stage completes
+        self.modules = _marks.held()  # whose gradients the backward stage completes
 
     def run(self, xs: Sequence[mx.array]) -> list[mx.array]:
         return _validate.check_outputs(self.fn(list(xs)), self.fn)
@@ -106,7 +124,7 @@ class _Call:
         if not out:  # mx.custom_function needs an output; nothing depends on this one
             self.empty = True
             return [mx.zeros(())]
-        self.graph = _stages.mark(out, _stages.FORWARD)
+        self.graph = _marks.mark(out, _marks.FORWARD)
         return self.graph
 
     def recompute(self, xs: Sequence[mx.array], key: mx.array) -> list[mx.array]:
@@ -136,12 +154,12 @@ class _Call:
         key = _depends.depends([self.key], list(cotangents))[0]
 
         def recompute_wanted(*wanted: mx.array) -> list[mx.array]:
-            return self.recompute(_flat.substitute(primals, self.wanted, wanted), key)
+            return self.recompute(_pytree.substitute(primals, self.wanted, wanted), key)
 
         # Only the wanted gradients are computed (a constant's is never used).
         grads = mx.vjp(recompute_wanted, [primals[i] for i in self.wanted], list(cotangents))[1]
-        grads = _stages.mark(_stages.chained(grads), _stages.BACKWARD, self.modules)  # nv.eval waits here
-        return _flat.substitute(zeros, self.wanted, grads)
+        grads = _marks.mark(_marks.chained(grads), _marks.BACKWARD, self.modules)  # nv.eval waits here
+        return _pytree.substitute(zeros, self.wanted, grads)
 
     def jvp(self, primals: list[mx.array], tangents: list[mx.array | None]) -> list[mx.array]:
         """Forward mode needs no checkpoint: the tangents of ``fn``, with the forward's draws."""
@@ -194,8 +212,8 @@ def checkpoint_flat(
     """
     _validate.check_callable(fn, "fn")
     _validate.check_bool(allow_captured, "allow_captured")
-    policy = policies.check_policy(policy)
-    if policies.recomputes_nothing(policy):
+    policy = _policies.check_policy(policy)
+    if _policies.recomputes_nothing(policy):
         return _saving.unrecomputed(fn, _constants.is_constant)
 
     @functools.wraps(fn)
@@ -203,7 +221,7 @@ def checkpoint_flat(
         call = _Call(fn, _validate.check_array_list(xs, "xs"), allow_captured, policy)
         if not call.diff:
             return call.run(call.xs)
-        if _traced.in_shapeless_trace():
+        if _in_shapeless_trace():
             raise ValueError(
                 f"checkpoint: fn ({_validate.name_of(fn)}) is checkpointed inside "
                 f"mx.compile(..., shapeless=True), which MLX {mx.__version__} cannot do: "
@@ -268,12 +286,12 @@ def checkpoint(
         >>> out = block(x, {"w": w})["h"]
     """
     _validate.check_bool(allow_captured, "allow_captured")
-    policy = policies.check_policy(policy)
+    policy = _policies.check_policy(policy)
     if fn is None:
         return functools.partial(checkpoint, allow_captured=allow_captured, policy=policy)
     _validate.check_callable(fn, "fn")
     transform = functools.partial(checkpoint_flat, allow_captured=allow_captured, policy=policy)
-    body = policies.offering_layers(fn, policy)
+    body = _policies.offering_layers(fn, policy)
 
     @functools.wraps(fn)
     def checkpointed(*args: Any, **kwargs: Any) -> Any:

@@ -1,6 +1,6 @@
 """Compiled steps: :func:`mlx.core.compile`, carrying a step's stages out of the trace.
 
-Checkpoints mark stages while a gradient is built (:mod:`nuvec_mlx._stages`).
+Checkpoints mark stages while a gradient is built (:mod:`nuvec_mlx._marks`).
 Inside :func:`mlx.core.compile` they are built once, at trace time, so the
 compiled function returns them as hidden extra outputs, and each call
 registers its own with what it returns and with the state it updates: then
@@ -19,7 +19,7 @@ from typing import Any
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from . import _ceiling, _pytree, _random, _stages, _validate
+from . import _ceiling, _marks, _pytree, _random, _registry, _validate
 
 FlatFn = Callable[[list[mx.array]], Sequence[mx.array]]
 
@@ -32,7 +32,7 @@ class _Trace:
 
     def __call__(self, *args: Any, **kwargs: Any) -> tuple[Any, list[mx.array]]:
         self.count += 1
-        with _stages.collecting() as stages:
+        with _marks.collecting() as stages:
             out = self.fn(*args, **kwargs)
         return out, list(stages)
 
@@ -68,7 +68,7 @@ class Compiled:
         with _random.restored_on_error():
             out, stages = self._compiled(*args, **kwargs)
         results = [a for _, a in tree_flatten([out, self._outputs]) if isinstance(a, mx.array)]
-        _stages.hand_on(results, stages, undo)
+        _registry.hand_on(results, stages, undo)
         return out
 
 

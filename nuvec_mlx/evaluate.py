@@ -2,7 +2,7 @@
 
 :func:`eval` is :func:`mlx.core.eval` for a step's results: it first
 evaluates the stages that the step's checkpoints marked
-(:mod:`nuvec_mlx._stages`), each one after the other, so that MLX's
+(:mod:`nuvec_mlx._marks`), each one after the other, so that MLX's
 evaluator, which runs up to ten tasks ahead of the device, never has more
 than one block in flight. Arrays with no stages are evaluated as
 :func:`mlx.core.eval` evaluates them.
@@ -29,7 +29,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from . import _stages, _validate, memory
+from . import _marks, memory, _registry, _validate
 
 # mx.set_memory_limit is process-wide: evaluations that set it take turns.
 _limit_lock = threading.RLock()
@@ -77,12 +77,12 @@ def eval(*arrays: Any, budget: int | float | None = None, ahead: int = 0, synchr
         _validate.check_budget(budget, "budget")
     _validate.check_int(ahead, "ahead", minimum=0)
     _validate.check_bool(synchronize, "synchronize")
-    taken = _stages.take(arrays)
+    taken = _registry.take(arrays)
     stages = taken.stages
     nbytes = memory.current_budget(staged=bool(stages)) if budget is None else budget
     try:
         with _throttle(nbytes):
-            _evaluate_stages(stages, arrays, 0 if _stages.observed() else ahead, synchronize)
+            _evaluate_stages(stages, arrays, 0 if _registry.observed() else ahead, synchronize)
     except BaseException:
         for undo in taken.undos:
             undo()
@@ -101,7 +101,7 @@ def _evaluate_stages(stages: list[mx.array], arrays: tuple[Any, ...], ahead: int
         mx.eval(*item)
         if synchronize and i < len(stages):
             mx.synchronize()
-        _stages.evaluated(i, len(stages), _stages.kind(item[0]) if i < len(stages) else "outputs")
+        _registry.evaluated(i, len(stages), _marks.kind(item[0]) if i < len(stages) else "outputs")
 
 
 @contextlib.contextmanager

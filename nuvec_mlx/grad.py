@@ -23,7 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from . import _constants, _flat, _stages, _validate
+from . import _constants, _marks, _registry, _validate, _pytree
 
 LossFn = Callable[[list[mx.array]], mx.array]
 
@@ -61,16 +61,16 @@ def value_and_grad_flat(
                 )
 
         def selected_loss(*selected: mx.array) -> mx.array:
-            full = _flat.substitute(xs, idx, selected)
+            full = _pytree.substitute(xs, idx, selected)
             with _constants.constant_inputs([x for j, x in enumerate(full) if j not in idx]):
                 return _validate.check_scalar(loss(full), loss)
 
         vg = mx.value_and_grad(selected_loss, argnums=list(range(len(idx))))
-        with _stages.collecting() as stages:
+        with _marks.collecting() as stages:
             value, grads = vg(*(xs[i] for i in idx))
         # mx.value_and_grad returns a bare array for a single argnum.
         grads = [grads] if len(idx) == 1 else list(grads)
-        _stages.hand_on([value, *grads], stages)
+        _registry.hand_on([value, *grads], stages)
         return value, grads
 
     return value_and_grad
@@ -110,11 +110,11 @@ def value_and_grad(model: nn.Module, fn: Callable) -> Callable[..., tuple[Any, A
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
-        with _stages.collecting() as stages:
+        with _marks.collecting() as stages:
             value, grads = vg(*args, **kwargs)
         # Registered with the value too: an eager step that hands the gradients to
         # an optimizer is evaluated through its loss and the updated state.
-        _stages.hand_on([a for _, a in tree_flatten([value, grads]) if isinstance(a, mx.array)], stages)
+        _registry.hand_on([a for _, a in tree_flatten([value, grads]) if isinstance(a, mx.array)], stages)
         return value, grads
 
     return wrapped

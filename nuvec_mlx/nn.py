@@ -18,7 +18,7 @@ from typing import Any
 
 import mlx.nn as nn
 
-from . import _pytree, _validate, policies
+from . import _pytree, _validate, policies, _policies
 from .checkpoint import checkpoint_flat
 
 _subclasses: dict[tuple[type, Callable | None], type] = {}
@@ -31,7 +31,7 @@ def _checkpointed_class(cls: type, policy: policies.Policy | None = None) -> typ
 
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
             # The original __call__, bound: self and what its code reaches are captured.
-            body = policies.offering_layers(cls.__call__.__get__(self), policy)
+            body = _policies.offering_layers(cls.__call__.__get__(self), policy)
             return _pytree.call_flat(transform, body, args, kwargs)
 
         def __reduce_ex__(self, protocol: int) -> tuple:
@@ -101,7 +101,7 @@ def checkpoint_module(
     """
     _validate.check_module(module, "module")
     _validate.check_bool(enable, "enable")
-    policy = policies.check_policy(policy)
+    policy = _policies.check_policy(policy)
     cls = type(module).__dict__.get("_nuvec_original_class", type(module))
     if enable:
         _check_has_call(module, "module")
@@ -172,7 +172,7 @@ def checkpoint_layers(
     _validate.check_module(model, "model")
     _validate.check_int(every, "every", minimum=1)
     _validate.check_bool(enable, "enable")
-    policy = policies.check_policy(policy)
+    policy = _policies.check_policy(policy)
     blocks = find_layers(model, layers)
     for i, block in enumerate(blocks):
         if enable and i % every == 0:
@@ -218,7 +218,7 @@ def checkpoint_sequential(
     if isinstance(segments, str):
         raise ValueError(f"segments must be 'sqrt' or an int, got {segments!r}")
     _validate.check_int(segments, "segments", minimum=1)
-    policy = policies.check_policy(policy)
+    policy = _policies.check_policy(policy)
     if segments > n:
         raise ValueError(f"segments must be at most the {n} layers, got {segments}")
     size = math.ceil(n / segments)
@@ -231,7 +231,7 @@ def checkpoint_sequential(
                 for layer in group:
                     h = layer(h)
                 return h
-            x = _pytree.call_flat(transform, policies.offering_layers(seg, policy), (x,), {})  # seg reaches its layers
+            x = _pytree.call_flat(transform, _policies.offering_layers(seg, policy), (x,), {})  # seg reaches its layers
         return x
 
     return run

@@ -1,7 +1,7 @@
 """An optimizer's update that spends each block's gradients as soon as they are done.
 
 Inside a compiled step, :func:`nuvec_mlx.eval` evaluates the backward pass one
-checkpointed block at a time (:mod:`nuvec_mlx._stages`). ``optimizer.update``
+checkpointed block at a time (:mod:`nuvec_mlx._marks`). ``optimizer.update``
 then runs after the last of those stages, when every gradient is alive at
 once: in full fine-tuning that is a floor of one more copy of the weights,
 whatever the batch. :func:`update` makes the update of each block's
@@ -10,7 +10,7 @@ each block's gradients are freed before the next block's are made (what a
 single ``mx.eval`` of an unstaged step does by itself). A block whose
 parameters are small beside its backward stage (LoRA's adapters) has its
 update computed in the stage after instead, which saves a wait on the device
-(:data:`nuvec_mlx._stages.FOLD`).
+(:data:`nuvec_mlx._marks.FOLD`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_unflatten
 
-from . import _stages, _validate
+from . import _marks, _validate
 
 
 def update(optimizer: optim.Optimizer, model: nn.Module, gradients: Any) -> None:
@@ -53,7 +53,7 @@ def update(optimizer: optim.Optimizer, model: nn.Module, gradients: Any) -> None
     _validate.check_optimizer(optimizer, "optimizer")
     _validate.check_module(model, "model")
     optimizer.update(model, gradients)
-    last = _stages.last_backward()
+    last = _marks.last_backward()
     stage_of = {path: last[id(m)] for path, m in model.named_modules() if id(m) in last}
     if not stage_of:
         return
@@ -64,5 +64,5 @@ def update(optimizer: optim.Optimizer, model: nn.Module, gradients: Any) -> None
         found = [i for path, i in stage_of.items() if not path or name.startswith(path + ".")]
         if found:
             groups.setdefault(max(found), []).append(name)
-    staged = _stages.update_stages({i: [params[n] for n in names] for i, names in groups.items()})
+    staged = _marks.update_stages({i: [params[n] for n in names] for i, names in groups.items()})
     model.update(tree_unflatten([(n, a) for i, names in groups.items() for n, a in zip(names, staged[i])]))

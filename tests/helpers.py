@@ -107,12 +107,13 @@ def tiny_llama(layers: int = 4, hidden: int = 64, vocab: int = 256, seed: int = 
 def held_while_unobserved(monkeypatch, extra: int) -> None:
     """nv.eval in trial steps holds ``extra`` more bytes when nothing reads memory after each stage,
     as CUDA holds a stage's buffers until MLX's worker frees them, later than mx.eval returns."""
-    from nuvec_mlx import _stages, _trial  # the trial's own nv.eval
+    from nuvec_mlx import _registry
+    from nuvec_mlx.planner import _trial  # the trial's own nv.eval
 
     real = _trial.nv_eval
 
     def late_frees(*arrays, **kwargs):
-        if _stages.observed():
+        if _registry.observed():
             return real(*arrays, **kwargs)
         held = mx.zeros((extra // 4,))
         mx.eval(held)

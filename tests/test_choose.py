@@ -5,7 +5,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nuvec_mlx._choose import Option, choose, smallest
+from nuvec_mlx.planner._choose import Option, choose, smallest
 
 
 def predicted(options, modes, outputs):

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from nuvec_mlx import command
+from nuvec_mlx.mlx_lm import plan as command
 from tests.helpers import model_folder
 
 

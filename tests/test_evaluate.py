@@ -224,13 +224,13 @@ class QueueSpy:
 
 @pytest.mark.parametrize("ahead", [0, 1, 2])
 def test_eval_ahead_queues_that_many_stages_past_the_one_it_waits_for(monkeypatch, compiled, ahead):
-    from nuvec_mlx import _stages
+    from nuvec_mlx import _registry
 
     blocks = 3
     sc = _mlp_step("nuvec", blocks=blocks)
     nv.eval(sc.step(sc.inputs))  # compile
     outputs = sc.step(sc.inputs)
-    stages = [e.stages for e in _stages._entries() if e.stages][-1]
+    stages = [e.stages for e in _registry.entries() if e.stages][-1]
     work = [(stage,) for stage in stages] + [(outputs,)]
     spy = QueueSpy(monkeypatch, work)
     nv.eval(outputs, ahead=ahead)
@@ -267,12 +267,12 @@ def test_eval_waits_for_every_stage_while_memory_is_read_after_each(monkeypatch,
 
 @pytest.mark.parametrize("synchronize", [False, True])
 def test_eval_synchronize_waits_for_the_device_after_every_stage_only_when_asked(monkeypatch, compiled, synchronize):
-    from nuvec_mlx import _stages
+    from nuvec_mlx import _registry
 
     sc = _mlp_step("nuvec", blocks=3)
     nv.eval(sc.step(sc.inputs))  # compile
     outputs = sc.step(sc.inputs)
-    stages = [e.stages for e in _stages._entries() if e.stages][-1]
+    stages = [e.stages for e in _registry.entries() if e.stages][-1]
     events = []
     real_eval, real_synchronize = mx.eval, mx.synchronize
     monkeypatch.setattr(mx, "eval", lambda *a: events.append("eval") or real_eval(*a))

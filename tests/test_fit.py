@@ -8,7 +8,7 @@ import mlx.optimizers as optim
 import pytest
 
 import nuvec_mlx as nv
-from nuvec_mlx.fit import solve
+from nuvec_mlx.planner.fit import solve
 from tests.helpers import held_while_unobserved, tiny_llama
 
 MiB = 1 << 20
@@ -23,7 +23,7 @@ def test_solve_extrapolates_a_parabola_and_a_line():
 def peak(model, loss_fn, batch, optimizer):
     """The step's peak measured afresh as nv.largest_fit measures it (every block checkpointed,
     compiled, nv.eval, the higher of two steps), by the harness it shares with nv.plan."""
-    from nuvec_mlx import _trial
+    from nuvec_mlx.planner import _trial
 
     trial = _trial.Trial(model, loss_fn, model.model.layers, optimizer)
     with trial.restoring():

@@ -27,7 +27,7 @@ from mlx_lm.tuner.utils import linear_to_lora_layers
 from mlx_lm.utils import load
 
 import nuvec_mlx as nv
-from nuvec_mlx import _train_report
+from nuvec_mlx.mlx_lm import _report as _train_report
 from nuvec_mlx import mlx_lm as nvlm
 from nuvec_mlx_bench import measure
 from nuvec_mlx_bench.train_steps import Case, TrainWorkload

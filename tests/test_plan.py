@@ -9,7 +9,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 import nuvec_mlx as nv
-from nuvec_mlx.plan import EVERY_2ND
+from nuvec_mlx.planner.plan import EVERY_2ND
 from tests.helpers import assert_close, held_while_unobserved, tiny_llama
 
 
@@ -210,7 +210,7 @@ def test_a_fixed_rule_that_fits_and_ran_faster_is_taken_instead_of_the_mix(compi
 
 
 def test_a_plan_asked_to_synchronize_is_verified_and_timed_so(monkeypatch, compiled):
-    from nuvec_mlx import _trial
+    from nuvec_mlx.planner import _trial
 
     model, loss_fn, x, _ = bench_case("mlp")
     calls = []

@@ -7,7 +7,7 @@ import mlx.nn as nn
 import pytest
 
 import nuvec_mlx as nv
-from nuvec_mlx.saved import residuals
+from nuvec_mlx.planner.saved import residuals
 
 KiB = 1 << 10
 

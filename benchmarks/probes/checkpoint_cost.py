@@ -22,7 +22,7 @@ import types
 
 import mlx.core as mx
 
-from nuvec_mlx import _depends, _stages
+from nuvec_mlx import _depends
 from nuvec_mlx_bench.train_steps import Case
 
 from lora_time import measure_and_report, workload_and_args  # this folder's probe: its workload and report

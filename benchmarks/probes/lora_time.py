@@ -9,7 +9,7 @@ process (``nuvec_mlx_bench.measure.run_cases``: medians with min–max)::
 
 - ``none``, ``mlx-lm``, ``nuvec-mx-eval``, ``nuvec-ahead0/1/2``: as in the benchmark;
 - ``nuvec-unfolded``: ``nuvec`` (ahead 1) with every update a stage of its own, as before
-  ``_stages.FOLD`` (set to infinity while the step is traced);
+  ``_marks.FOLD`` (set to infinity while the step is traced);
 - ``nuvec-unstaged``: nuvec's compiled step evaluated with ``mx.eval``, in one go: what
   checkpoints and compile cost without the stages.
 """
@@ -22,18 +22,18 @@ import sys
 
 import mlx.core as mx
 
-from nuvec_mlx import _stages
+from nuvec_mlx import _marks
 from nuvec_mlx_bench import environment, measure
 from nuvec_mlx_bench.train_steps import Case, TrainWorkload
 
 
 @contextlib.contextmanager
 def unfolded():
-    held, _stages.FOLD = _stages.FOLD, math.inf
+    held, _marks.FOLD = _marks.FOLD, math.inf
     try:
         yield
     finally:
-        _stages.FOLD = held
+        _marks.FOLD = held
 
 
 def workload_and_args() -> tuple[TrainWorkload, argparse.Namespace]:

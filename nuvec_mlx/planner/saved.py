@@ -40,8 +40,9 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten
 
-from . import _flat, _pytree, _saving, _trial, _validate, policies
-from .nn import checkpoint_module, find_layers
+from .. import _policies, _pytree, _saving, _validate, policies
+from ..nn import checkpoint_module, find_layers
+from . import _trial
 
 MiB = 1 << 20
 
@@ -230,7 +231,7 @@ def _export(block: nn.Module, args: tuple, kwargs: dict) -> tuple[list[Saved], i
                 primals, cotangents = list(inputs[: len(xs)]), list(inputs[len(xs):])
 
                 def forward(*d: mx.array) -> list[mx.array]:
-                    return flat(_flat.substitute(primals, diff, d))
+                    return flat(_pytree.substitute(primals, diff, d))
 
                 out, grads = mx.vjp(forward, [primals[i] for i in diff], cotangents)
                 return [*out, *grads]
@@ -257,12 +258,12 @@ def _kept(block: nn.Module, args: tuple, kwargs: dict, policy: Callable | None) 
     arrays = [a for _, a in tree_flatten((list(args), kwargs)) if isinstance(a, mx.array)]
     kept = [Saved(tuple(a.shape), _dtype_name(a.dtype), a.nbytes, "argument") for a in arrays
             if _validate.is_differentiable(a)]
-    if policy is None or policies.recomputes_nothing(policy):
+    if policy is None or _policies.recomputes_nothing(policy):
         return kept
     record = _saving.Record(policy)
     paths = {id(m): p for p, m in block.named_modules()}
     with record.recording():
-        policies.offering_layers(lambda: block(*args, **kwargs), policy)()
+        _policies.offering_layers(lambda: block(*args, **kwargs), policy)()
     for (kind, where, _), value in record.values.items():
         made = f"{paths.get(where, '?')} (nn.Linear output)" if kind == _saving.MATMUL else f"checkpoint_name {where!r}"
         kept.append(Saved(tuple(value.shape), _dtype_name(value.dtype), value.nbytes, made))
@@ -328,7 +329,7 @@ def saved_activations(
     """
     _validate.check_module(model, "model")
     _validate.check_callable(loss_fn, "loss_fn")
-    policy = policies.check_policy(policy)
+    policy = _policies.check_policy(policy)
     _validate.check_bool(measure, "measure")
     blocks = find_layers(model, layers)
     args = _trial.as_batch(batch)
@@ -352,7 +353,7 @@ def saved_activations(
             b.__class__ = cls
     if measure:
         _measure(reports, model, loss_fn, batch, blocks, policy, optimizer, compile)
-    return SavedActivations(reports, policies.name_of(policy or policies.save_nothing))
+    return SavedActivations(reports, _policies.name_of(policy or policies.save_nothing))
 
 
 def _measure(reports: list[BlockReport], model: nn.Module, loss_fn: Callable, batch: Any,

@@ -21,8 +21,9 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 from tqdm import tqdm
 
-from . import _trial, _validate, policies
-from .nn import find_layers
+from .. import _validate, policies
+from ..nn import find_layers
+from . import _trial
 
 MiB = 1 << 20
 

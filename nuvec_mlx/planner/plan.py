@@ -42,8 +42,9 @@ import mlx.optimizers as optim
 from mlx.utils import tree_flatten
 from tqdm import tqdm
 
-from . import _choose, _trial, _validate, policies
-from .nn import find_layers
+from .. import _policies, _validate, policies
+from ..nn import find_layers
+from . import _choose, _trial
 
 MiB = 1 << 20
 PLAIN = _trial.PLAIN
@@ -235,7 +236,7 @@ class Planner:
             costs[name] = [pooled[groups[j]] for j in range(n)]
         # Most kept first; each mode after costs at least the one before, and a little more.
         order = sorted(self.profiles, key=lambda name: -sum(self.profiles[name].keeps))
-        if policies.recomputes_nothing(self.modes[order[0]]):
+        if _policies.recomputes_nothing(self.modes[order[0]]):
             costs[order[0]] = [0.0] * n
         for before, name in zip(order, order[1:]):
             costs[name] = [max(c, b) + TIE for c, b in zip(costs[name], costs[before])]
@@ -350,7 +351,7 @@ class Plan:
         self.blocks = []
         for j, mode in enumerate(self.modes):
             by_mode = {o.mode: o for o in options[j]}
-            o = by_mode.get(mode) or by_mode.get(policies.name_of(policies.save_everything))
+            o = by_mode.get(mode) or by_mode.get(_policies.name_of(policies.save_everything))
             self.blocks.append(Block(j, names[j], type(planner.trial.blocks[j]).__name__, mode,
                                      o.keeps if o else 0, o.backward if o else None,
                                      o.cost if o and mode != PLAIN else 0.0))
@@ -533,7 +534,7 @@ def _check_policies(chosen: object) -> dict[str, Callable]:
         raise ValueError("policies must name at least one checkpoint policy, got none")
     for i, p in enumerate(chosen):
         _validate.check_callable(p, f"policies[{i}]")
-    return {policies.name_of(p): p for p in chosen}
+    return {_policies.name_of(p): p for p in chosen}
 
 
 def _check_batch(batch: object) -> None:

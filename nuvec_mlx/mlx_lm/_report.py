@@ -18,7 +18,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.cli_ui import TrainUI as MlxLmTrainUI
 
-from . import memory
+from .. import memory
 
 
 class StepPeaks:

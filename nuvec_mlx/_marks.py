@@ -1,4 +1,4 @@
-"""Stages: the points of a step at which :func:`nuvec_mlx.eval` waits for the device.
+"""Stage marks: the points of a step's graph at which :func:`nuvec_mlx.eval` waits for the device.
 
 MLX's evaluator runs up to ten tasks (CUDA graphs, Metal command buffers, CPU
 task groups) ahead of the device, and every queued op keeps its buffers alive.
@@ -11,40 +11,29 @@ While a gradient is built, each checkpoint *marks* two stages: after its
 forward output, and after the gradients its backward pass returns. A mark is
 a one-element array that depends on those arrays and shares no buffer with
 them; the block's consumers then read the arrays through the mark
-(:func:`mlx.core.depends`), so that whatever evaluates them, also a plain
-:func:`mlx.core.eval`, evaluates the mark right after them and lets it go: a
-mark never keeps memory alive. A *collector* (a flat gradient, a compiled
-step) gathers the marks made inside it in the order the graph was built:
-forward stages in forward order, then backward stages in the order the
+(:func:`nuvec_mlx._depends.depends`), so that whatever evaluates them, also a
+plain :func:`mlx.core.eval`, evaluates the mark right after them and lets it
+go: a mark never keeps memory alive. A *collector* (a flat gradient, a
+compiled step) gathers the marks made inside it in the order the graph was
+built: forward stages in forward order, then backward stages in the order the
 backward pass reaches the blocks. An optimizer's update inside the step can
 add an *update* stage per block (:func:`update_stages`), right after the
 block's backward stage, or, for a block whose parameters are small beside its
-backward stage (LoRA's adapters), compute it in the stage after that one. The outermost collector *registers* them
-with the arrays it returns; :func:`nuvec_mlx.eval` then evaluates the stages
-of the arrays it is given, one by one, before the arrays themselves. The registry holds the
-arrays weakly and forgets an entry when they are gone, or when the entry is
-among the oldest of more than :data:`REMEMBERED` in the thread.
+backward stage (LoRA's adapters), compute it in the stage after that one.
+What a collector gathered is handed on to the registry
+(:mod:`nuvec_mlx._registry`), from which :func:`nuvec_mlx.eval` takes it.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import contextvars
-import dataclasses
-import threading
-import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
 from . import _depends
-
-#: Registered steps remembered per thread: older ones are evaluated unstaged.
-REMEMBERED = 16
-
 
 _collector: contextvars.ContextVar[list[mx.array] | None] = contextvars.ContextVar(
     "nuvec_mlx_stages", default=None
@@ -78,6 +67,11 @@ def collecting() -> Iterator[list[mx.array]]:
         _collector.reset(token)
         if backward_token is not None:
             _backward.reset(backward_token)
+
+
+def collector() -> list[mx.array] | None:
+    """The stages the innermost collector has gathered so far, or ``None`` outside one."""
+    return _collector.get()
 
 
 @contextlib.contextmanager
@@ -192,106 +186,3 @@ def _through(arrays: Sequence[mx.array], marker: mx.array) -> list[mx.array]:
     return _depends.depends(list(arrays), [marker])
 
 
-class _Entry:
-    """The stages of one step, weak references to its arrays, and how to undo the step."""
-
-    def __init__(self, arrays: Sequence[mx.array], stages: Sequence[mx.array], undo: Callable[[], None] | None):
-        self.stages = list(stages)
-        self.undo = undo
-        self._alive = len(arrays)
-        self.refs = [weakref.ref(a, self._gone) for a in arrays]
-
-    def _gone(self, _ref: weakref.ref) -> None:
-        self._alive -= 1
-        if self._alive == 0:
-            self.stages, self.undo = [], None
-
-    def holds(self, ids: set[int], arrays: dict[int, mx.array]) -> bool:
-        for ref in self.refs:
-            a = ref()
-            if a is not None and id(a) in ids and arrays[id(a)] is a:
-                return True
-        return False
-
-
-_local = threading.local()
-
-
-def _entries() -> collections.deque[_Entry]:
-    if not hasattr(_local, "entries"):
-        _local.entries = collections.deque(maxlen=REMEMBERED)
-    return _local.entries
-
-
-def register(
-    arrays: Sequence[mx.array], stages: Sequence[mx.array], undo: Callable[[], None] | None = None
-) -> None:
-    """Remember ``stages`` for ``arrays``, in this thread; ``undo`` puts the step's state back."""
-    entries = _entries()
-    for e in [e for e in entries if not e.stages]:
-        entries.remove(e)
-    if stages and arrays:
-        entries.append(_Entry(arrays, stages, undo))
-
-
-@dataclasses.dataclass
-class Taken:
-    """The stages :func:`take` found, oldest step first, and the undos of their steps."""
-
-    stages: list[mx.array]
-    undos: list[Callable[[], None]]
-
-
-def take(trees: Sequence[object]) -> Taken:
-    """What was registered with any array in ``trees``; forgotten after."""
-    entries = _entries()
-    if not entries:
-        return Taken([], [])
-    leaves = {id(a): a for _, a in tree_flatten(list(trees)) if isinstance(a, mx.array)}
-    found = [e for e in entries if e.stages and e.holds(set(leaves), leaves)]
-    for e in found:
-        entries.remove(e)
-    return Taken([s for e in found for s in e.stages], [e.undo for e in found if e.undo])
-
-
-def hand_on(
-    arrays: Sequence[mx.array], stages: Sequence[mx.array], undo: Callable[[], None] | None = None
-) -> None:
-    """Give ``stages`` to the enclosing collector, or register them with ``arrays`` (and ``undo``)."""
-    collector = _collector.get()
-    if collector is None:
-        register(arrays, stages, undo)
-    else:
-        collector.extend(stages)
-
-
-# Callbacks that nv.eval calls after each stage: (index, count, kind) -> None.
-_observers: contextvars.ContextVar[tuple[Callable[[int, int, str], None], ...]] = (
-    contextvars.ContextVar("nuvec_mlx_stage_observers", default=())
-)
-
-
-@contextlib.contextmanager
-def observing(callback: Callable[[int, int, str], None]) -> Iterator[None]:
-    """Call ``callback(index, count, kind)`` after each stage :func:`nuvec_mlx.eval` evaluates inside.
-
-    ``index`` counts from 0 to ``count``: the stages, then the evaluation of the
-    arrays themselves (``kind`` ``"outputs"``); a callback that raises stops the
-    evaluation there.
-    """
-    token = _observers.set((*_observers.get(), callback))
-    try:
-        yield
-    finally:
-        _observers.reset(token)
-
-
-def observed() -> bool:
-    """Whether a callback observes the stages here (it reads memory after each one)."""
-    return bool(_observers.get())
-
-
-def evaluated(index: int, count: int, stage_kind: str) -> None:
-    """Tell the observers in force that stage ``index`` of ``count`` has been evaluated."""
-    for callback in _observers.get():
-        callback(index, count, stage_kind)

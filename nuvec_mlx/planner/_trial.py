@@ -26,12 +26,12 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.utils import tree_map
 
-from . import _pytree, _random, memory
-from .compile import compile as nv_compile
-from .evaluate import eval as nv_eval
-from .grad import value_and_grad
-from .nn import checkpoint_module
-from .update import update
+from .. import _pytree, _random, memory
+from ..compile import compile as nv_compile
+from ..evaluate import eval as nv_eval
+from ..grad import value_and_grad
+from ..nn import checkpoint_module
+from ..update import update
 
 #: A block that is not wrapped at all (every other mode is a checkpoint policy).
 PLAIN = "plain"

@@ -51,12 +51,13 @@ try:
 except ImportError as e:  # pragma: no cover - the extra is installed where this runs
     raise ImportError('nuvec_mlx.mlx_lm needs mlx-lm: pip install "nuvec-mlx[mlx-lm]"') from e
 
-from . import _train_report, _validate
-from .compile import compile as nv_compile
-from .evaluate import eval as nv_eval
-from .grad import value_and_grad
-from .nn import checkpoint_module, is_checkpointed
-from .update import update
+from .. import _validate
+from ..compile import compile as nv_compile
+from ..evaluate import eval as nv_eval
+from ..grad import value_and_grad
+from ..nn import checkpoint_module, is_checkpointed
+from ..update import update
+from . import _report
 
 __all__ = ["PROG", "checkpointed_blocks", "default_ahead", "main", "train", "training_step"]
 
@@ -216,12 +217,12 @@ def _loop(model, optimizer, train_dataset, val_dataset, args, loss, iterate_batc
     """mlx-lm's loop (``mlx_lm.tuner.trainer.train``), the step measured and evaluated staged."""
     world = mx.distributed.init()
     rank = world.rank()
-    peaks = _train_report.StepPeaks()
+    peaks = _report.StepPeaks()
     model.train()
     losses, n_tokens, steps, trained_tokens, train_time, grad = 0, 0, 0, 0, 0.0, None
     batches = iterate_batches(dataset=train_dataset, batch_size=args.batch_size,
                               max_seq_length=args.max_seq_length, loop=True, comm_group=world)
-    with _train_report.TrainUI(args.iters, rank=rank) as ui:
+    with _report.TrainUI(args.iters, rank=rank) as ui:
         for it, batch in zip(range(1, args.iters + 1), batches):
             tic = time.perf_counter()
             if val_dataset and (it == 1 or it % args.steps_per_eval == 0 or it == args.iters):
