@@ -6,25 +6,31 @@ is the function; the module is its home (``sys.modules["nuvec_mlx.checkpoint"]
 .checkpoint`` is the same object).
 """
 
-from . import memory, policies
-from .checkpoint import checkpoint, checkpoint_flat
-from .compile import Compiled, CompiledFlat, compile, compile_flat
-from .evaluate import eval
+from . import losses, memory, policies
+from ._marks import NotStagedWarning
 from ._policies import checkpoint_name
+from .checkpoint import checkpoint, checkpoint_flat
+from .chunks import checkpoint_chunks
+from .compile import Compiled, CompiledFlat, compile, compile_flat
+from .evaluate import default_ahead, eval
 from .grad import grad_flat, value_and_grad, value_and_grad_flat
-from .planner import Fit, Plan, SavedActivations, largest_fit, plan, saved_activations
 from .nn import checkpoint_layers, checkpoint_module, checkpoint_sequential, is_checkpointed
-from .update import update
+from .planner import Fit, Plan, Planner, SavedActivations, largest_fit, plan, saved_activations
+from .step import TrainingStep, update
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Compiled",
+    "NotStagedWarning",
+    "TrainingStep",
     "CompiledFlat",
     "Fit",
     "Plan",
+    "Planner",
     "SavedActivations",
     "checkpoint",
+    "checkpoint_chunks",
     "checkpoint_flat",
     "checkpoint_layers",
     "checkpoint_module",
@@ -32,10 +38,12 @@ __all__ = [
     "checkpoint_sequential",
     "compile",
     "compile_flat",
+    "default_ahead",
     "eval",
     "grad_flat",
     "is_checkpointed",
     "largest_fit",
+    "losses",
     "memory",
     "plan",
     "policies",

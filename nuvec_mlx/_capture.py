@@ -34,8 +34,19 @@ import mlx.nn as nn
 LIMIT = 10_000
 
 _OPAQUE = (
-    types.ModuleType, type, types.BuiltinFunctionType, types.BuiltinMethodType,
-    str, bytes, int, float, complex, bool, type(None), range, mx.array,
+    types.ModuleType,
+    type,
+    types.BuiltinFunctionType,
+    types.BuiltinMethodType,
+    str,
+    bytes,
+    int,
+    float,
+    complex,
+    bool,
+    type(None),
+    range,
+    mx.array,
 )
 
 
@@ -100,7 +111,7 @@ def modules(fn: Callable) -> list[nn.Module]:
     found: list[nn.Module] = []
     seen: set[int] = set()
     stack: list[Any] = [fn]
-    call = getattr(type(fn), "__call__", None)
+    call = getattr(type(fn), "__call__", None)  # noqa: B004 - the class's own function, not a callable test
     if isinstance(call, types.FunctionType):
         stack.append(call)  # a callable object's (or a module's) own code
     while stack and len(seen) < LIMIT:

@@ -16,9 +16,7 @@ from collections.abc import Iterator, Sequence
 
 import mlx.core as mx
 
-_constants: contextvars.ContextVar[tuple[mx.array, ...]] = contextvars.ContextVar(
-    "nuvec_mlx_constants", default=()
-)
+_constants: contextvars.ContextVar[tuple[mx.array, ...]] = contextvars.ContextVar("nuvec_mlx_constants", default=())
 
 
 @contextlib.contextmanager

@@ -61,3 +61,43 @@ def depends(inputs: Sequence[mx.array], dependencies: Sequence[mx.array]) -> lis
     if not inputs or not dependencies:
         return list(inputs)
     return list(_depend(list(inputs), list(dependencies)))
+
+
+@mx.custom_function
+def _also_into(outputs: list[mx.array], graph: list[mx.array]) -> list[mx.array]:
+    """``outputs``, whose cotangents also flow into ``graph``: the same values as the forward computed them.
+
+    A checkpoint's rule differentiates fn with respect to its inputs only; an
+    array fn read from anywhere else (a closure, a global, an attribute) that
+    a transform differentiates would get nothing through it. The forward runs
+    fn on stopped inputs, so its graph holds a derivative for exactly those
+    arrays: passing the cotangents into it too adds their derivatives, by
+    MLX's own rules, and nothing else. Where fn reads no such array, nothing
+    in that graph needs a derivative and MLX's transforms skip it; where it
+    does, that part of the forward's graph is kept for the backward pass, as
+    without the checkpoint.
+    """
+    return list(outputs)
+
+
+@_also_into.vjp
+def _also_into_vjp(primals, cotangents, outputs):
+    return list(cotangents), list(cotangents)
+
+
+@_also_into.jvp
+def _also_into_jvp(primals, tangents):
+    outputs, _ = primals
+    return [sum((t for t in pair if t is not None), mx.zeros_like(x)) for x, pair in zip(outputs, zip(*tangents))]
+
+
+@_also_into.vmap
+def _also_into_vmap(args, axes):
+    return list(args[0]), list(axes[0])
+
+
+def also_into(outputs: Sequence[mx.array], graph: Sequence[mx.array]) -> list[mx.array]:
+    """``outputs`` (a checkpoint's), whose cotangents also flow into ``graph`` (its forward's outputs
+    as the function computed them on stopped inputs): the derivatives of arrays the function read
+    besides its inputs, by MLX's own rules; nothing where it read none."""
+    return list(_also_into(list(outputs), list(graph)))

@@ -28,16 +28,17 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
+import warnings
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from . import _depends
 
-_collector: contextvars.ContextVar[list[mx.array] | None] = contextvars.ContextVar(
-    "nuvec_mlx_stages", default=None
-)
+_collector: contextvars.ContextVar[list[mx.array] | None] = contextvars.ContextVar("nuvec_mlx_stages", default=None)
 
 
 class _Backward(NamedTuple):
@@ -47,26 +48,77 @@ class _Backward(NamedTuple):
     nbytes: int
 
 
-# While the outermost collector collects: each backward stage that ends some
-# modules' gradients (see :func:`holding`), by id, so that an optimizer's
-# update can follow the stage (:func:`update_stages`).
-_backward: contextvars.ContextVar[dict[int, _Backward] | None] = contextvars.ContextVar(
-    "nuvec_mlx_backward_stages", default=None
-)
+class NotStagedWarning(UserWarning):
+    """Part of a checkpointed step runs unstaged: several blocks' memory alive at once, silently otherwise."""
+
+
+@dataclasses.dataclass
+class _Step:
+    """What the outermost collector learns while a step is built, besides its stages."""
+
+    #: Each backward stage that ends some modules' gradients (see :func:`holding`), by
+    #: the id of its mark, so that an optimizer's update can follow it (:func:`update_stages`).
+    backward: dict[int, _Backward] = dataclasses.field(default_factory=dict)
+    #: The optimizers whose update was staged (:func:`updating`): their state is the step's.
+    optimizers: list[Any] = dataclasses.field(default_factory=list)
+    #: The modules whose gradients a backward stage ends, and their parameters' ids then.
+    parameters: dict[int, tuple[Any, list[int]]] = dataclasses.field(default_factory=dict)
+
+
+_step: contextvars.ContextVar[_Step | None] = contextvars.ContextVar("nuvec_mlx_step", default=None)
 _held: contextvars.ContextVar[tuple[object, ...]] = contextvars.ContextVar("nuvec_mlx_stage_held", default=())
 
 
 @contextlib.contextmanager
 def collecting() -> Iterator[list[mx.array]]:
-    """Collect the stages marked inside (fresh: enclosing collectors see none of them)."""
+    """Collect the stages marked inside (fresh: enclosing collectors see none of them).
+
+    The outermost collector also says, once, when the step replaced the
+    parameters of checkpointed blocks without :func:`updating` (an
+    ``optimizer.update`` inside ``nv.compile``): that update is not staged.
+    """
     token = _collector.set([])
-    backward_token = _backward.set({}) if _backward.get() is None else None
+    outermost = _step.get() is None
+    step_token = _step.set(_Step()) if outermost else None
     try:
         yield _collector.get()
+        if outermost:
+            _warn_if_updated_unstaged(_step.get())
     finally:
         _collector.reset(token)
-        if backward_token is not None:
-            _backward.reset(backward_token)
+        if step_token is not None:
+            _step.reset(step_token)
+
+
+def _warn_if_updated_unstaged(step: _Step) -> None:
+    if step.optimizers:
+        return
+    for module, before in step.parameters.values():
+        if [id(a) for _, a in tree_flatten(module.trainable_parameters())] != before:
+            warnings.warn(
+                "the step replaced the parameters of checkpointed blocks outside nv.update (optimizer.update "
+                "inside nv.compile?): that update runs after the whole backward pass, with every gradient alive "
+                "(in full fine-tuning one more copy of the weights at the peak). Call nv.update(optimizer, model, "
+                "grads), which makes each block's update a stage after its backward, or use nv.TrainingStep",
+                NotStagedWarning,
+                stacklevel=4,
+            )
+            return
+
+
+@contextlib.contextmanager
+def updating(optimizer: Any) -> Iterator[None]:
+    """Inside, ``optimizer`` updates the step being built, staged per block (:func:`update_stages`)."""
+    step = _step.get()
+    if step is not None:
+        step.optimizers.append(optimizer)
+    yield
+
+
+def optimizers() -> list[Any]:
+    """The optimizers whose update the step being built staged (their state is the step's)."""
+    step = _step.get()
+    return list(step.optimizers) if step is not None else []
 
 
 def collector() -> list[mx.array] | None:
@@ -89,13 +141,15 @@ def held() -> tuple[object, ...]:
     return _held.get()
 
 
-#: The kinds of stage, told apart by the mark's dtype (which survives compile).
-FORWARD, BACKWARD, UPDATE = "forward", "backward", "update"
-_DTYPES = {FORWARD: mx.bool_, BACKWARD: mx.uint8, UPDATE: mx.int8}
+#: The kinds of stage, told apart by the mark's dtype (which survives compile): a block's
+#: forward pass, its backward pass, the update of its parameters, and a chunk of a chunked
+#: checkpoint (its forward or its backward, inside a block or between blocks).
+FORWARD, BACKWARD, UPDATE, CHUNK = "forward", "backward", "update", "chunk"
+_DTYPES = {FORWARD: mx.bool_, BACKWARD: mx.uint8, UPDATE: mx.int8, CHUNK: mx.uint16}
 
 
 def kind(stage: mx.array) -> str:
-    """Whether ``stage`` ends a block's forward pass, its backward pass, or the update of its parameters."""
+    """Which of :data:`FORWARD`, :data:`BACKWARD`, :data:`UPDATE` or :data:`CHUNK` ``stage`` ends."""
     return next(k for k, dtype in _DTYPES.items() if stage.dtype == dtype)
 
 
@@ -104,12 +158,26 @@ def chained(arrays: Sequence[mx.array]) -> list[mx.array]:
     return _depends.depends(list(arrays), list(arrays)) if len(arrays) > 1 else list(arrays)
 
 
+def finished(arrays: Sequence[mx.array], stage_kind: str, modules: Sequence[object] = ()) -> list[mx.array]:
+    """``arrays`` (a block's or a chunk's gradients) finished together: none is done before all are.
+
+    Inside a collector they are marked as a stage (:func:`mark`): reading
+    them through the mark, which depends on all of them, ties them together.
+    Outside one they are :func:`chained`, so that a block's gradients are done
+    before the cotangent moves on to the previous block, also in one
+    :func:`mlx.core.eval`.
+    """
+    if _collector.get() is None or not arrays:
+        return chained(arrays)
+    return mark(arrays, stage_kind, modules)
+
+
 def mark(arrays: Sequence[mx.array], stage_kind: str, modules: Sequence[object] = ()) -> list[mx.array]:
     """Mark a stage that ends once ``arrays`` are computed; use what it returns in their place.
 
     Args:
         arrays: a block's forward outputs, or the gradients its backward returns.
-        stage_kind: :data:`FORWARD` or :data:`BACKWARD`.
+        stage_kind: :data:`FORWARD`, :data:`BACKWARD` or :data:`CHUNK`.
         modules: for a backward stage, the modules the block held, whose
             parameters' gradients are then done (see :func:`update_stages`).
 
@@ -121,13 +189,19 @@ def mark(arrays: Sequence[mx.array], stage_kind: str, modules: Sequence[object] 
     marker = _stage(stage_kind, arrays)
     stages.append(marker)
     if modules:
-        _backward.get()[id(marker)] = _Backward(frozenset(map(id, modules)), _nbytes(arrays))
+        step = _step.get()
+        step.backward[id(marker)] = _Backward(frozenset(map(id, modules)), _nbytes(arrays))
+        for m in modules:
+            params = getattr(m, "trainable_parameters", None)
+            if params is not None and id(m) not in step.parameters:
+                step.parameters[id(m)] = (m, [id(a) for _, a in tree_flatten(params())])
     return _through(arrays, marker)
 
 
 def last_backward() -> dict[int, int]:
     """For each module a block held, by id: where its last backward stage is in the collector in force."""
-    stages, backward = _collector.get() or [], _backward.get() or {}
+    stages, step = _collector.get() or [], _step.get()
+    backward = step.backward if step is not None else {}
     return {module: i for i, s in enumerate(stages) if id(s) in backward for module in backward[id(s)].modules}
 
 
@@ -152,7 +226,7 @@ def update_stages(groups: dict[int, list[mx.array]]) -> dict[int, list[mx.array]
     Returns:
         The arrays of each group read through its stage: use them in their place.
     """
-    stages, backward = _collector.get(), _backward.get()
+    stages, backward = _collector.get(), _step.get().backward
     out = {}
     for index in sorted(groups, reverse=True):  # the latest first: earlier indices stay valid
         arrays = groups[index]
@@ -184,5 +258,3 @@ def _stage(stage_kind: str, arrays: Sequence[mx.array]) -> mx.array:
 def _through(arrays: Sequence[mx.array], marker: mx.array) -> list[mx.array]:
     """``arrays`` read through ``marker``: any evaluation of them evaluates it, right after them, and lets it go."""
     return _depends.depends(list(arrays), [marker])
-
-

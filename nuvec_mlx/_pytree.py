@@ -54,7 +54,7 @@ def _is_module(value: Any) -> bool:
     return isinstance(value, nn.Module)
 
 
-def _leaves(tree: Any) -> list[Any]:
+def leaves(tree: Any) -> list[Any]:
     """The leaves of ``tree``, a module being a leaf (not the dict it also is)."""
     return [v for _, v in tree_flatten(tree, is_leaf=_is_module)]
 
@@ -137,7 +137,7 @@ class _Holding:
             for m, g, h in zip(self.modules, given, held):
                 if keep_updates:
                     put_back = {id(v): old for (_, v), (_, old) in zip(tree_flatten(g), tree_flatten(h))}
-                    h = tree_map(lambda now: put_back.get(id(now), now), _arrays(m))
+                    h = tree_map(lambda now, put_back=put_back: put_back.get(id(now), now), _arrays(m))
                 m.update(h, strict=False)
         return out
 
@@ -160,14 +160,14 @@ def call_flat(transform: FlatTransform, fn: Callable, args: tuple, kwargs: dict)
         ValueError: a later run of ``fn`` returned other non-array leaves or
             another structure than the first.
     """
-    leaves = _leaves((list(args), kwargs))
-    positions = [i for i, v in enumerate(leaves) if isinstance(v, mx.array)]
-    holding = _Holding(_outermost([*(v for v in leaves if _is_module(v)), *_capture.modules(fn)]))
+    found = leaves((list(args), kwargs))
+    positions = [i for i, v in enumerate(found) if isinstance(v, mx.array)]
+    holding = _Holding(_outermost([*(v for v in found if _is_module(v)), *_capture.modules(fn)]))
     first: list[Any] = []  # the first run's output (its structure and non-array leaves)
 
     def flat(xs: list[mx.array]) -> list[mx.array]:
-        a, kw = _rebuild((list(args), kwargs), substitute(leaves, positions, xs[: len(positions)]))
-        out = holding.run(xs[len(positions):], not first, lambda: fn(*a, **kw))
+        a, kw = _rebuild((list(args), kwargs), substitute(found, positions, xs[: len(positions)]))
+        out = holding.run(xs[len(positions) :], not first, lambda: fn(*a, **kw))
         if not first:
             first.append(out)
         elif not _equal(_skeleton(out), _skeleton(first[0])):
@@ -177,10 +177,10 @@ def call_flat(transform: FlatTransform, fn: Callable, args: tuple, kwargs: dict)
                 f"{reprlib.repr(_skeleton(first[0]))} in the forward pass; its outputs that are "
                 "not arrays must be equal (==) each time fn runs"
             )
-        return [v for v in _leaves(out) if isinstance(v, mx.array)]
+        return [v for v in leaves(out) if isinstance(v, mx.array)]
 
     flat.__name__ = flat.__qualname__ = _validate.name_of(fn)  # for messages about fn
-    xs = [leaves[i] for i in positions] + holding.arrays
+    xs = [found[i] for i in positions] + holding.arrays
     with _constants.constant_inputs(holding.constants, add=True), _marks.holding(holding.modules):
         out = transform(flat)(xs)  # runs flat, which records the output's structure
     arrays = iter(out)
@@ -225,19 +225,47 @@ def copy_arrays(tree: Any) -> int:
 
 
 def snapshot(tree: Any) -> Callable[[], None]:
-    """Remember the arrays held in ``tree`` (the state a compiled step updates); the
-    function returned puts them back in place (lists, dicts, modules, ``mx.random.state``).
+    """Remember what the lists and dicts in ``tree`` hold (the state a compiled step updates); the
+    function returned puts it back in place: the same containers, holding what they held, keys the
+    step added removed (an optimizer's moments made by its first update), and ``mx.random.state``'s key.
+
+    The containers themselves are kept, never replaced: a step compiled before (its inputs and
+    outputs) holds them. Modules are dicts here (``model.state`` is the module itself).
 
     Example:
         >>> undo = snapshot([model.state, optimizer.state])
         >>> ...  # a step that updates them
         >>> undo()
     """
-    held: list[mx.array] = []
-    _visit(tree, lambda a: held.append(a) or a)
+    held: list[tuple[Any, Any]] = []  # (container, what it held)
+
+    def visit(t: Any) -> None:
+        if t is mx.random.state:
+            held.append((t, _random.key()))
+            return
+        if isinstance(t, dict):
+            held.append((t, dict(t)))
+            children: Any = t.values()
+        elif isinstance(t, list):
+            held.append((t, list(t)))
+            children = t
+        elif isinstance(t, tuple):
+            children = t
+        else:
+            return
+        for child in children:
+            visit(child)
+
+    visit(tree)
 
     def undo() -> None:
-        it = iter(held)
-        _visit(tree, lambda _: next(it))
+        for container, contents in held:
+            if container is mx.random.state:
+                _random.set_key(contents)
+            elif isinstance(container, dict):  # dict's own methods: nn.Module overrides update
+                dict.clear(container)
+                dict.update(container, contents)
+            else:
+                list.__setitem__(container, slice(None), contents)
 
     return undo

@@ -8,7 +8,7 @@ the arrays weakly, per thread, and forgets an entry when they are gone or when
 the entry is among the oldest of more than :data:`REMEMBERED`. An entry
 forgotten before :func:`nuvec_mlx.eval` took it was evaluated some other way
 (:func:`mlx.core.eval`), unstaged: that is said once, with a
-:class:`NotStagedWarning`.
+:class:`nuvec_mlx.NotStagedWarning`.
 
 Observers (:func:`observing`) are told after each stage that
 :func:`nuvec_mlx.eval` evaluates: the memory timeline and the ceiling read
@@ -35,16 +35,13 @@ from . import _marks
 REMEMBERED = 16
 
 
-class NotStagedWarning(UserWarning):
-    """A step's stages were never evaluated by :func:`nuvec_mlx.eval`: it ran unstaged."""
-
-
 def _forgotten() -> None:
     warnings.warn(
-        "a checkpointed step's stages were never evaluated by nv.eval: the step ran unstaged, in one "
-        "mx.eval, with several blocks' activations alive at once. Evaluate what the step returns (or the "
-        "state it updates) with nv.eval, or use nv.TrainingStep, which does",
-        NotStagedWarning,
+        "a checkpointed step's stages were never evaluated by nv.eval: the step ran unstaged, with "
+        "several blocks' activations alive at once. Evaluate what the step returns (or the state it "
+        "updates) with nv.eval; inside mx.compile, compile with nv.compile, which carries the stages out; "
+        "or use nv.TrainingStep, which does both",
+        _marks.NotStagedWarning,
         stacklevel=2,
     )
 
@@ -99,9 +96,7 @@ def entries() -> collections.deque[_Entry]:
     return _local.entries
 
 
-def register(
-    arrays: Sequence[mx.array], stages: Sequence[mx.array], undo: Callable[[], None] | None = None
-) -> None:
+def register(arrays: Sequence[mx.array], stages: Sequence[mx.array], undo: Callable[[], None] | None = None) -> None:
     """Remember ``stages`` for ``arrays``, in this thread; ``undo`` puts the step's state back."""
     held = entries()
     for e in [e for e in held if not e.stages]:
@@ -134,9 +129,7 @@ def take(trees: Sequence[object]) -> Taken:
     return taken
 
 
-def hand_on(
-    arrays: Sequence[mx.array], stages: Sequence[mx.array], undo: Callable[[], None] | None = None
-) -> None:
+def hand_on(arrays: Sequence[mx.array], stages: Sequence[mx.array], undo: Callable[[], None] | None = None) -> None:
     """Give ``stages`` to the enclosing collector, or register them with ``arrays`` (and ``undo``)."""
     collector = _marks.collector()
     if collector is None:

@@ -70,8 +70,14 @@ class _Run:
         self.record, self.replay = record, replay
         self.counts: collections.Counter = collections.Counter()
 
-    def offer(self, kind: str, where: object, name: str, value: mx.array,
-              vjp_of: Callable[[], tuple[Callable, list[mx.array]]]) -> mx.array:
+    def offer(
+        self,
+        kind: str,
+        where: object,
+        name: str,
+        value: mx.array,
+        vjp_of: Callable[[], tuple[Callable, list[mx.array]]],
+    ) -> mx.array:
         """``value``, or in a recomputation the one kept for the same place."""
         key = (kind, where, self.counts[(kind, where)])
         self.counts[(kind, where)] += 1
@@ -215,25 +221,33 @@ def _layer_call(cls: type) -> Callable:
 
             return op, [x, *params]
 
-        return run.offer(MATMUL, id(self), _paths.get().get(id(self), ""), out, vjp_of)
+        return run.offer(MATMUL, id(self), (_paths.get() or {}).get(id(self), ""), out, vjp_of)
 
     return __call__
 
 
 @functools.cache
 def _offering_class(cls: type) -> type:
-    return type(cls.__name__, (cls,), {"__call__": _layer_call(cls), "__module__": cls.__module__,
-                                       "__qualname__": cls.__qualname__, "_nuvec_offering": cls})
+    return type(
+        cls.__name__,
+        (cls,),
+        {
+            "__call__": _layer_call(cls),
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+            "_nuvec_offering": cls,
+        },
+    )
 
 
 # The paths of the layers being intercepted, by id, for Saveable.name.
-_paths: contextvars.ContextVar[dict[int, str]] = contextvars.ContextVar("nuvec_mlx_layer_paths", default={})
+_paths: contextvars.ContextVar[dict[int, str] | None] = contextvars.ContextVar("nuvec_mlx_layer_paths", default=None)
 
 
 @contextlib.contextmanager
 def _layers_offering(modules: Sequence[nn.Module]) -> Iterator[None]:
     """Inside, the ``nn.Linear``/``nn.QuantizedLinear`` layers under ``modules`` offer their outputs."""
-    swapped, paths = [], dict(_paths.get())
+    swapped, paths = [], dict(_paths.get() or {})
     for module in modules:
         for path, m in module.named_modules():
             if isinstance(m, LAYERS):
@@ -257,16 +271,20 @@ def intercepting(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
-        given = [v for _, v in tree_flatten((list(args), kwargs), is_leaf=lambda v: isinstance(v, nn.Module))
-                 if isinstance(v, nn.Module)]
+        given = [
+            v
+            for _, v in tree_flatten((list(args), kwargs), is_leaf=lambda v: isinstance(v, nn.Module))
+            if isinstance(v, nn.Module)
+        ]
         with _layers_offering([*given, *reached]):
             return fn(*args, **kwargs)
 
     return run
 
 
-def unrecomputed(fn: Callable[[list[mx.array]], Sequence[mx.array]],
-                 is_constant: Callable[[mx.array], bool]) -> Callable[[Sequence[mx.array]], list[mx.array]]:
+def unrecomputed(
+    fn: Callable[[list[mx.array]], Sequence[mx.array]], is_constant: Callable[[mx.array], bool]
+) -> Callable[[Sequence[mx.array]], list[mx.array]]:
     """A flat block that is staged like a checkpoint and recomputes nothing.
 
     Args:
@@ -286,7 +304,7 @@ def unrecomputed(fn: Callable[[list[mx.array]], Sequence[mx.array]],
             @enter.vjp
             def finish(_primals: Any, cotangents: Any, _outputs: Any) -> Any:
                 cotangents = [cotangents] if isinstance(cotangents, mx.array) else list(cotangents)
-                return tuple(_marks.mark(_marks.chained(cotangents), _marks.BACKWARD, modules))
+                return tuple(_marks.finished(cotangents, _marks.BACKWARD, modules))
 
             xs = _pytree.substitute(xs, wanted, enter(*(xs[i] for i in wanted)))
         out = _validate.check_outputs(fn(xs), fn)

@@ -24,7 +24,7 @@ MiB = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
-class Reading:
+class StageReading:
     """Memory after one stage, in bytes.
 
     Attributes:
@@ -32,8 +32,10 @@ class Reading:
         index: the stage's place in that evaluation (from 0); the last is the
             evaluation of the arrays themselves.
         kind: ``"forward"``, ``"backward"``, ``"update"`` (of a block's
-            parameters, by an optimizer inside the step) or ``"outputs"``.
-        block: the checkpointed block the stage ends (from 1), when known.
+            parameters, by an optimizer inside the step), ``"chunk"`` (one
+            chunk of a chunked checkpoint, forward or backward) or ``"outputs"``.
+        block: the checkpointed block the stage ends (from 1), when known
+            (``None`` for a chunk).
         seconds: since the timeline began.
         active: MLX's active memory after the stage.
         peak: the highest active memory during the stage.
@@ -53,6 +55,8 @@ class Reading:
             return "the evaluation of the outputs"
         if self.kind == "update" and self.block:
             return f"update of block {self.block}'s parameters"
+        if self.kind == _marks.CHUNK:
+            return f"chunk stage {self.index + 1}"
         return f"{self.kind} pass of block {self.block}" if self.block else f"{self.kind} stage {self.index + 1}"
 
 
@@ -60,9 +64,9 @@ class Reading:
 class Timeline:
     """The readings of one :func:`timeline` block."""
 
-    readings: list[Reading] = dataclasses.field(default_factory=list)
+    readings: list[StageReading] = dataclasses.field(default_factory=list)
 
-    def peak(self) -> Reading:
+    def peak(self) -> StageReading:
         """The reading with the highest peak."""
         if not self.readings:
             raise ValueError("the timeline holds no readings: no nv.eval ran inside it")
@@ -71,13 +75,17 @@ class Timeline:
     def describe(self) -> str:
         """Where the step peaks, in one sentence."""
         top = self.peak()
-        return (f"peak {top.peak / MiB:.1f} MiB during {top.name()} "
-                f"(stage {top.index + 1} of evaluation {top.evaluation + 1}, {len(self.readings)} readings)")
+        return (
+            f"peak {top.peak / MiB:.1f} MiB during {top.name()} "
+            f"(stage {top.index + 1} of evaluation {top.evaluation + 1}, {len(self.readings)} readings)"
+        )
 
     def to_dict(self) -> dict:
         """The readings, and the peak, as plain data."""
-        return {"readings": [dataclasses.asdict(r) for r in self.readings],
-                "peak": dataclasses.asdict(self.peak()) | {"name": self.peak().name()}}
+        return {
+            "readings": [dataclasses.asdict(r) for r in self.readings],
+            "peak": dataclasses.asdict(self.peak()) | {"name": self.peak().name()},
+        }
 
     def save_json(self, path: str | Path) -> Path:
         """Write :meth:`to_dict` as JSON to ``path``."""
@@ -101,14 +109,30 @@ class Timeline:
         fig = Figure(figsize=(8, 4))
         ax = fig.subplots()
         ax.step(t, [r.active / MiB for r in self.readings], where="post", label="active after the stage")
-        colors = {"forward": "tab:blue", "backward": "tab:orange", "update": "tab:purple", "outputs": "tab:green"}
+        colors = {
+            "forward": "tab:blue",
+            "backward": "tab:orange",
+            "update": "tab:purple",
+            "chunk": "tab:gray",
+            "outputs": "tab:green",
+        }
         for kind in colors:
             rs = [(x, r) for x, r in zip(t, self.readings) if r.kind == kind]
             if rs:
-                ax.scatter([x for x, _ in rs], [r.peak / MiB for _, r in rs], color=colors[kind],
-                           s=14, label=f"peak during a {kind} stage" if kind != "outputs" else "peak: outputs")
-        ax.annotate(f"peak: {top.name()}", (top.seconds * 1e3, top.peak / MiB),
-                    xytext=(10, -14), textcoords="offset points", fontsize=8)
+                ax.scatter(
+                    [x for x, _ in rs],
+                    [r.peak / MiB for _, r in rs],
+                    color=colors[kind],
+                    s=14,
+                    label=f"peak during a {kind} stage" if kind != "outputs" else "peak: outputs",
+                )
+        ax.annotate(
+            f"peak: {top.name()}",
+            (top.seconds * 1e3, top.peak / MiB),
+            xytext=(10, -14),
+            textcoords="offset points",
+            fontsize=8,
+        )
         ax.set_xlabel("ms since the timeline began")
         ax.set_ylabel("MiB")
         ax.set_title(title, fontsize=9)
@@ -133,9 +157,18 @@ class _Recorder:
         self.backward += stage_kind == _marks.BACKWARD
         # Forward stages end blocks 1, 2, ...; backward ones reach them last first; an update follows its block's.
         block = self.forward if stage_kind == _marks.FORWARD else self.forward - self.backward + 1
-        self.result.readings.append(Reading(
-            self.evaluation, index, stage_kind, block if block > 0 and stage_kind != "outputs" else None,
-            time.perf_counter() - self.start, mx.get_active_memory(), mx.get_peak_memory()))
+        known = block > 0 and stage_kind not in ("outputs", _marks.CHUNK)
+        self.result.readings.append(
+            StageReading(
+                self.evaluation,
+                index,
+                stage_kind,
+                block if known else None,
+                time.perf_counter() - self.start,
+                mx.get_active_memory(),
+                mx.get_peak_memory(),
+            )
+        )
         mx.reset_peak_memory()
 
 

@@ -8,11 +8,18 @@ was expected.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
+from mlx.utils import tree_flatten
+
+
+def deprecated(old: str, new: str, stacklevel: int = 3) -> None:
+    """Warn that ``old`` is deprecated in favour of ``new`` (a :class:`FutureWarning`, shown to users)."""
+    warnings.warn(f"{old} is deprecated: use {new}", FutureWarning, stacklevel=stacklevel)
 
 
 def name_of(fn: object) -> str:
@@ -47,11 +54,29 @@ def check_module(module: object, name: str) -> nn.Module:
 
 
 def check_optimizer(optimizer: object, name: str, allow_none: bool = False) -> optim.Optimizer | None:
-    """``optimizer`` if it is an ``mlx.optimizers.Optimizer`` (or, with ``allow_none``, ``None``), else ``TypeError``."""
+    """``optimizer`` if it is an ``mlx.optimizers.Optimizer`` (or, with ``allow_none``, ``None``), else raise."""
     if not (isinstance(optimizer, optim.Optimizer) or (allow_none and optimizer is None)):
         expected = "an mlx.optimizers.Optimizer or None" if allow_none else "an mlx.optimizers.Optimizer"
         raise TypeError(f"{name} must be {expected}, got {type(optimizer).__name__}")
     return optimizer
+
+
+def check_gradients(gradients: object, model: nn.Module) -> None:
+    """``gradients`` if they mirror trainable parameters of ``model`` (a subtree, same shapes), else raise."""
+    if not isinstance(gradients, dict):
+        raise TypeError(
+            "gradients must be a dict of arrays mirroring model.trainable_parameters() (as nn.value_and_grad "
+            f"returns them), got {type(gradients).__name__}"
+        )
+    params = dict(tree_flatten(model.trainable_parameters()))
+    for name, g in tree_flatten(gradients):
+        if name not in params:
+            raise ValueError(f"gradients has {name!r}, which is not a trainable parameter of model")
+        if not isinstance(g, mx.array) or g.shape != params[name].shape:
+            got = f"shape {tuple(g.shape)}" if isinstance(g, mx.array) else type(g).__name__
+            raise ValueError(
+                f"gradients[{name!r}] must be an array of shape {tuple(params[name].shape)} as the parameter, got {got}"
+            )
 
 
 def check_int(value: object, name: str, minimum: int) -> int:
@@ -63,15 +88,12 @@ def check_int(value: object, name: str, minimum: int) -> int:
     return value
 
 
-def check_budget(nbytes: object, name: str) -> float:
-    """``nbytes`` if it is a memory budget: an int number of bytes >= 0, or ``math.inf``."""
+def check_nbytes(nbytes: object, name: str) -> float:
+    """``nbytes`` if it is a number of bytes: an int >= 0, or ``math.inf``."""
     if nbytes == math.inf and isinstance(nbytes, float):
         return nbytes
     if isinstance(nbytes, bool) or not isinstance(nbytes, int):
-        raise TypeError(
-            f"{name} must be an int number of bytes or math.inf, "
-            f"got {type(nbytes).__name__} ({nbytes!r})"
-        )
+        raise TypeError(f"{name} must be an int number of bytes or math.inf, got {type(nbytes).__name__} ({nbytes!r})")
     if nbytes < 0:
         raise ValueError(f"{name} must be >= 0 bytes, got {nbytes}")
     return nbytes
@@ -80,9 +102,7 @@ def check_budget(nbytes: object, name: str) -> float:
 def check_array_list(xs: object, name: str) -> list[mx.array]:
     """``xs`` as a list, if it is a list or tuple of arrays."""
     if isinstance(xs, mx.array) or not isinstance(xs, (list, tuple)):
-        raise TypeError(
-            f"{name} must be a list or tuple of mlx.core.array, got {type(xs).__name__}"
-        )
+        raise TypeError(f"{name} must be a list or tuple of mlx.core.array, got {type(xs).__name__}")
     for i, x in enumerate(xs):
         if not isinstance(x, mx.array):
             raise TypeError(f"{name}[{i}] must be an mlx.core.array, got {type(x).__name__}")
@@ -97,14 +117,10 @@ def check_outputs(out: object, fn: object) -> list[mx.array]:
 def check_scalar(value: object, loss: object) -> mx.array:
     """What ``loss`` returned, if it is a scalar array."""
     if not isinstance(value, mx.array):
-        raise TypeError(
-            f"loss ({name_of(loss)}) must return a scalar mlx.core.array, "
-            f"got {type(value).__name__}"
-        )
+        raise TypeError(f"loss ({name_of(loss)}) must return a scalar mlx.core.array, got {type(value).__name__}")
     if value.ndim != 0:
         raise ValueError(
-            f"loss ({name_of(loss)}) must return a scalar (shape ()), "
-            f"got an array of shape {tuple(value.shape)}"
+            f"loss ({name_of(loss)}) must return a scalar (shape ()), got an array of shape {tuple(value.shape)}"
         )
     return value
 
@@ -117,9 +133,7 @@ def check_argnums(argnums: object, n: int | None) -> list[int]:
     """
     items = [argnums] if isinstance(argnums, int) else argnums
     if isinstance(items, (str, bytes)) or not isinstance(items, Sequence):
-        raise TypeError(
-            f"argnums must be an int or a sequence of ints, got {type(argnums).__name__}"
-        )
+        raise TypeError(f"argnums must be an int or a sequence of ints, got {type(argnums).__name__}")
     if len(items) == 0:
         raise ValueError("argnums must name at least one input, got an empty sequence")
     for a in items:
@@ -132,15 +146,12 @@ def check_argnums(argnums: object, n: int | None) -> list[int]:
         return list(items)
     if n == 0:
         raise ValueError(
-            f"xs is empty, but argnums {list(items)} selects inputs to differentiate: "
-            "pass at least one array in xs"
+            f"xs is empty, but argnums {list(items)} selects inputs to differentiate: pass at least one array in xs"
         )
     result: list[int] = []
     for a in items:
         if not -n <= a < n:
-            raise ValueError(
-                f"argnums entry {a} is out of range for {n} inputs (expected -{n} <= i < {n})"
-            )
+            raise ValueError(f"argnums entry {a} is out of range for {n} inputs (expected -{n} <= i < {n})")
         if a % n in result:
             raise ValueError(f"argnums names input {a % n} more than once: {list(items)}")
         result.append(a % n)

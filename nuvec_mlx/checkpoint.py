@@ -14,8 +14,8 @@ on to the previous block and its recomputed activations can be freed.
 The checkpoint is an :func:`mlx.core.custom_function` with ``vjp`` (that
 recomputation), ``jvp`` and ``vmap`` rules, so every transform goes through
 it. Its rules differentiate its inputs only; whatever else the function reads
-is differentiated by MLX through the forward's own graph (``_also_into``), so
-that no derivative is silently lost.
+is differentiated by MLX through the forward's own graph
+(:func:`nuvec_mlx._depends.also_into`), so that no derivative is silently lost.
 
 :func:`checkpoint_flat` is that mechanism for flat functions; :func:`checkpoint`
 puts functions of pytrees, and the modules they reach, through it.
@@ -30,7 +30,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from . import _constants, _depends, _marks, policies, _pytree, _random, _saving, _validate, _policies
+from . import _attention, _constants, _depends, _marks, _policies, _pytree, _random, _saving, _validate, policies
 
 FlatFn = Callable[[list[mx.array]], Sequence[mx.array]]
 
@@ -56,42 +56,6 @@ def _signature(arrays: Sequence[mx.array]) -> list[tuple[tuple[int, ...], mx.Dty
     return [(tuple(a.shape), a.dtype) for a in arrays]
 
 
-@mx.custom_function
-def _also_into(outputs: list[mx.array], graph: list[mx.array]) -> list[mx.array]:
-    """``outputs``, whose cotangents also flow into ``graph``: the same values as fn's forward computed them.
-
-    A checkpoint's rule differentiates fn with respect to its inputs only; an
-    array fn read from anywhere else (a closure, a global, an attribute) that
-    a transform differentiates would get nothing through it. The forward runs
-    fn on stopped inputs, so its graph holds a derivative for exactly those
-    arrays: passing the cotangents into it too adds their derivatives, by
-    MLX's own rules, and nothing else. Where fn reads no such array, nothing
-    in that graph needs a derivative and MLX's transforms skip it; where it
-    does, that part of the forward's graph is kept for the backward pass, as
-    without the checkpoint.
-    """
-    return list(outputs)
-
-
-@_also_into.vjp
-def _also_into_vjp(primals, cotangents, outputs):
-    return list(cotangents), list(cotangents)
-
-
-@_also_into.jvp
-def _also_into_jvp(primals, tangents):
-    outputs, _ = primals
-    return [
-        sum((t for t in pair if t is not None), mx.zeros_like(x))
-        for x, pair in zip(outputs, zip(*tangents))
-    ]
-
-
-@_also_into.vmap
-def _also_into_vmap(args, axes):
-    return list(args[0]), list(axes[0])
-
-
 class _Call:
     """One call of a checkpointed ``fn``: its inputs, and the rules ``mx.custom_function`` runs.
 
@@ -100,8 +64,15 @@ class _Call:
     ones that are not declared constant (:mod:`nuvec_mlx._constants`).
     """
 
-    def __init__(self, fn: FlatFn, xs: list[mx.array], allow_captured: bool, policy: policies.Policy | None):
-        self.fn, self.xs, self.allow_captured = fn, xs, allow_captured
+    def __init__(
+        self,
+        fn: FlatFn,
+        xs: list[mx.array],
+        captured: str,
+        policy: policies.Policy | None,
+        attention_chunk: int | str | None,
+    ):
+        self.fn, self.xs, self.captured, self.attention_chunk = fn, xs, captured, attention_chunk
         self.kept = _saving.Record(policy)  # forward values the recomputation reuses
         self.diff = [i for i, x in enumerate(xs) if _validate.is_differentiable(x)]
         # The inputs whose gradients are wanted.
@@ -113,7 +84,8 @@ class _Call:
         self.modules = _marks.held()  # whose gradients the backward stage completes
 
     def run(self, xs: Sequence[mx.array]) -> list[mx.array]:
-        return _validate.check_outputs(self.fn(list(xs)), self.fn)
+        with _attention.chunking(self.attention_chunk):
+            return _validate.check_outputs(self.fn(list(xs)), self.fn)
 
     def forward(self, xs: list[mx.array]) -> list[mx.array]:
         # On stopped inputs: what the forward's own graph differentiates is
@@ -158,7 +130,7 @@ class _Call:
 
         # Only the wanted gradients are computed (a constant's is never used).
         grads = mx.vjp(recompute_wanted, [primals[i] for i in self.wanted], list(cotangents))[1]
-        grads = _marks.mark(_marks.chained(grads), _marks.BACKWARD, self.modules)  # nv.eval waits here
+        grads = _marks.finished(grads, _marks.BACKWARD, self.modules)  # nv.eval waits here
         return _pytree.substitute(zeros, self.wanted, grads)
 
     def jvp(self, primals: list[mx.array], tangents: list[mx.array | None]) -> list[mx.array]:
@@ -169,14 +141,24 @@ class _Call:
 
     def vmap(self, xs: list[mx.array], axes: list[int | None]) -> tuple[list[mx.array], list[int]]:
         """The batched function, checkpointed in turn, with the forward's draws."""
-        batched = lambda xs: mx.vmap(lambda *xs: self.run(xs), in_axes=tuple(axes))(*xs)
+
+        def batched(xs: list[mx.array]) -> list[mx.array]:
+            return mx.vmap(lambda *ys: self.run(ys), in_axes=tuple(axes))(*xs)
+
         with _random.drawing_from(self.key):
-            out = checkpoint_flat(batched, allow_captured=self.allow_captured, policy=self.kept.policy)(xs)
+            out = checkpoint_flat(
+                batched, captured=self.captured, policy=self.kept.policy, attention_chunk=self.attention_chunk
+            )(xs)
         return out, [0] * len(out)
 
 
 def checkpoint_flat(
-    fn: FlatFn, *, allow_captured: bool = False, policy: policies.Policy | None = None
+    fn: FlatFn,
+    *,
+    policy: policies.Policy | None = None,
+    attention_chunk: int | str | None = "auto",
+    captured: str = "differentiate",
+    allow_captured: bool | None = None,
 ) -> Callable[[Sequence[mx.array]], list[mx.array]]:
     """Checkpoint a flat function: same values and gradients, less memory.
 
@@ -192,11 +174,21 @@ def checkpoint_flat(
 
     Args:
         fn: ``list[mx.array] -> list[mx.array]``.
-        allow_captured: make arrays ``fn`` reads besides its inputs constants
-            (zero derivative) instead.
         policy: which forward values to keep rather than recompute
             (:mod:`nuvec_mlx.policies`); ``None`` keeps none. A flat function
             offers only the values it names with :func:`nuvec_mlx.checkpoint_name`.
+        attention_chunk: how ``mx.fast.scaled_dot_product_attention`` inside
+            ``fn`` runs: ``"auto"`` computes it in query chunks (each chunk
+            checkpointed: :func:`nuvec_mlx.checkpoint_chunks`) where the
+            backend trains attention unfused, so that the block's backward
+            pass holds one chunk's scores, not tokens squared (the CPU; Metal
+            when training; CUDA outside cuDNN's fused kernels), in chunks of 4 x
+            the head size; an int is the chunk size, always; ``None`` never
+            chunks.
+        captured: ``"differentiate"`` (the default): arrays ``fn`` reads
+            besides its inputs are differentiated exactly, through the
+            forward's graph; ``"constant"``: they get no gradient (zero).
+        allow_captured: deprecated; ``True`` is ``captured="constant"``.
 
     Returns:
         A flat function with the values and gradients of ``fn``.
@@ -211,14 +203,15 @@ def checkpoint_flat(
         >>> h = block([x, w])[0]
     """
     _validate.check_callable(fn, "fn")
-    _validate.check_bool(allow_captured, "allow_captured")
+    captured = _check_captured(captured, allow_captured)
     policy = _policies.check_policy(policy)
+    attention_chunk = _attention.check(attention_chunk)
     if _policies.recomputes_nothing(policy):
         return _saving.unrecomputed(fn, _constants.is_constant)
 
     @functools.wraps(fn)
     def checkpointed(xs: Sequence[mx.array]) -> list[mx.array]:
-        call = _Call(fn, _validate.check_array_list(xs, "xs"), allow_captured, policy)
+        call = _Call(fn, _validate.check_array_list(xs, "xs"), captured, policy, attention_chunk)
         if not call.diff:
             return call.run(call.xs)
         if _in_shapeless_trace():
@@ -236,17 +229,34 @@ def checkpoint_flat(
         out = list(block(call.xs))
         if call.empty:
             return []
-        return out if allow_captured else _also_into(out, call.graph)
+        return out if captured == "constant" else _depends.also_into(out, call.graph)
 
     return checkpointed
 
 
+def _check_captured(captured: object, allow_captured: object) -> str:
+    """``captured``, or what the deprecated ``allow_captured`` asked for."""
+    if allow_captured is not None:
+        _validate.deprecated(
+            "allow_captured=", 'captured="constant" (allow_captured=True) or "differentiate"', stacklevel=4
+        )
+        captured = "constant" if _validate.check_bool(allow_captured, "allow_captured") else "differentiate"
+    if captured not in ("differentiate", "constant"):
+        raise ValueError(f"captured must be 'differentiate' or 'constant', got {captured!r}")
+    return captured  # type: ignore[return-value]
+
+
 def checkpoint(
-    fn: Callable | None = None, *, allow_captured: bool = False, policy: policies.Policy | None = None
+    fn: Callable | None = None,
+    *,
+    policy: policies.Policy | None = None,
+    attention_chunk: int | str | None = "auto",
+    captured: str = "differentiate",
+    allow_captured: bool | None = None,
 ) -> Callable:
     """Checkpoint a function of pytrees: same values and gradients, less memory.
 
-    Usable as ``@nv.checkpoint`` or ``@nv.checkpoint(allow_captured=True)``.
+    Usable as ``@nv.checkpoint`` or ``@nv.checkpoint(policy=...)``.
     Positional and keyword arguments may be arrays, modules, or nested lists,
     tuples and dicts of them; other leaves are static. Integer and bool arrays
     are not differentiated. Outputs may hold leaves that are not arrays
@@ -269,12 +279,16 @@ def checkpoint(
 
     Args:
         fn: the function to checkpoint (may also be an ``nn.Module``).
-        allow_captured: make arrays ``fn`` reads besides its arguments and
-            those modules constants (zero derivative) instead.
         policy: which forward values to keep rather than recompute
             (:mod:`nuvec_mlx.policies`): the outputs of the ``nn.Linear`` layers
             of those modules, values named with :func:`nuvec_mlx.checkpoint_name`;
             ``None`` keeps none.
+        attention_chunk: as for :func:`checkpoint_flat`: ``"auto"``, a query
+            chunk size, or ``None``.
+        captured: ``"differentiate"`` (the default) or ``"constant"``: how
+            arrays ``fn`` reads besides its arguments and those modules are
+            differentiated (see :func:`checkpoint_flat`).
+        allow_captured: deprecated; ``True`` is ``captured="constant"``.
 
     Returns:
         A function with the signature, values and gradients of ``fn``.
@@ -285,12 +299,13 @@ def checkpoint(
         ...     return {"h": mx.tanh(x @ params["w"]) * scale}
         >>> out = block(x, {"w": w})["h"]
     """
-    _validate.check_bool(allow_captured, "allow_captured")
+    captured = _check_captured(captured, allow_captured)
     policy = _policies.check_policy(policy)
+    attention_chunk = _attention.check(attention_chunk)
     if fn is None:
-        return functools.partial(checkpoint, allow_captured=allow_captured, policy=policy)
+        return functools.partial(checkpoint, captured=captured, policy=policy, attention_chunk=attention_chunk)
     _validate.check_callable(fn, "fn")
-    transform = functools.partial(checkpoint_flat, allow_captured=allow_captured, policy=policy)
+    transform = functools.partial(checkpoint_flat, captured=captured, policy=policy, attention_chunk=attention_chunk)
     body = _policies.offering_layers(fn, policy)
 
     @functools.wraps(fn)

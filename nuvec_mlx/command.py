@@ -9,6 +9,9 @@ import warnings
 from .mlx_lm.plan import main
 
 if __name__ == "__main__":
-    warnings.warn("python -m nuvec_mlx.command is deprecated: run nuvec-mlx-plan (or python -m "
-                  "nuvec_mlx.mlx_lm.plan)", FutureWarning, stacklevel=1)
+    warnings.warn(
+        "python -m nuvec_mlx.command is deprecated: run nuvec-mlx-plan (or python -m nuvec_mlx.mlx_lm.plan)",
+        FutureWarning,
+        stacklevel=1,
+    )
     sys.exit(main())

@@ -25,15 +25,17 @@ FlatFn = Callable[[list[mx.array]], Sequence[mx.array]]
 
 
 class _Trace:
-    """The function MLX traces: ``fn``, its stages returned as hidden outputs, its traces counted."""
+    """The function MLX traces: ``fn``, its stages returned as hidden outputs, its traces counted,
+    and the optimizers whose update it staged (:func:`nuvec_mlx.update`): their state is the step's."""
 
     def __init__(self, fn: Callable):
-        self.fn, self.count = fn, 0
+        self.fn, self.count, self.optimizers = fn, 0, []
 
     def __call__(self, *args: Any, **kwargs: Any) -> tuple[Any, list[mx.array]]:
         self.count += 1
         with _marks.collecting() as stages:
             out = self.fn(*args, **kwargs)
+            self.optimizers = _marks.optimizers()
         return out, list(stages)
 
 
@@ -63,13 +65,30 @@ class Compiled:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # Under a ceiling, an evaluation stopped part-way puts the state back.
-        undo = _pytree.snapshot(self._outputs) if _ceiling.current() is not None else None
-        # A trace that raises leaves MLX's placeholder key behind.
-        with _random.restored_on_error():
-            out, stages = self._compiled(*args, **kwargs)
+        undo = self._snapshot() if _ceiling.current() is not None else None
+        out, stages = self.call_staged(*args, **kwargs)
         results = [a for _, a in tree_flatten([out, self._outputs]) if isinstance(a, mx.array)]
         _registry.hand_on(results, stages, undo)
         return out
+
+    def call_staged(self, *args: Any, **kwargs: Any) -> tuple[Any, list[mx.array]]:
+        """The call's results and its stages, registered nowhere: for a caller that evaluates
+        the stages itself (:class:`nuvec_mlx.TrainingStep`)."""
+        # A trace that raises leaves MLX's placeholder key behind.
+        with _random.restored_on_error():
+            return self._compiled(*args, **kwargs)
+
+    def _snapshot(self) -> Callable[[], None]:
+        """What puts the ``outputs`` state back as it is now, the state the step's staged updates
+        create (an optimizer's first moments) removed and their optimizers set to fill it in again."""
+        put_back, trace = _pytree.snapshot(self._outputs), self._trace
+
+        def undo() -> None:
+            put_back()
+            for optimizer in trace.optimizers:  # read after the call: its first trace finds them
+                optimizer.state = optimizer.state  # uninitialised: the next update fills in what it lacks
+
+        return undo
 
 
 def compile(

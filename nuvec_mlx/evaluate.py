@@ -1,4 +1,4 @@
-"""Evaluation: a step one checkpointed block at a time, within a memory budget.
+"""Evaluation: a step one checkpointed block at a time, within a memory throttle.
 
 :func:`eval` is :func:`mlx.core.eval` for a step's results: it first
 evaluates the stages that the step's checkpoints marked
@@ -11,12 +11,11 @@ Waiting for each stage leaves the device idle while the host builds the
 next one; ``ahead`` stages queued beyond the one waited for hide that, at the
 cost of their memory (one more block in flight per stage ahead).
 
-A budget adds a throttle: MLX's evaluator also waits for queued work
-whenever active memory exceeds MLX's memory limit, so a limit set just above
-the memory the evaluation starts with holds the evaluator back within a
-stage too. It is cheap on CPU (the default there for staged evaluations) and
-costs a wait after every kernel on a GPU (``math.inf``, no throttle, by
-default).
+A throttle holds the evaluator back within a stage too: MLX's evaluator
+waits for queued work whenever active memory exceeds MLX's memory limit, so
+a limit set just above the memory the evaluation starts with makes it wait.
+That is cheap on CPU (the default there for staged evaluations) and costs a
+wait after every kernel on a GPU (``math.inf``, no throttle, by default).
 """
 
 from __future__ import annotations
@@ -24,35 +23,66 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import mlx.core as mx
 
-from . import _marks, memory, _registry, _validate
+from . import _marks, _registry, _validate, memory
 
 # mx.set_memory_limit is process-wide: evaluations that set it take turns.
 _limit_lock = threading.RLock()
 
 
-def eval(*arrays: Any, budget: int | float | None = None, ahead: int = 0, synchronize: bool = False) -> None:
-    """Evaluate arrays as :func:`mlx.core.eval` does, within a memory budget.
+def default_ahead(device: mx.Device | mx.DeviceType | None = None) -> int:
+    """The stages :func:`eval` queues ahead by default on ``device``.
+
+    1 on a GPU: without it the device idles while the host builds each
+    stage; one stage ahead keeps one more block in flight. 0 on the CPU,
+    where the host's work is small beside the kernels' and the lowest peak
+    costs nothing.
+
+    Args:
+        device: an :class:`mlx.core.Device` or a device type (``mx.gpu``,
+            ``mx.cpu``), as :func:`mlx.core.set_default_device` takes; ``None``
+            for MLX's default device.
+
+    Example:
+        >>> nv.default_ahead(mx.cpu), nv.default_ahead(mx.gpu)
+        (0, 1)
+    """
+    if device is None:
+        device = mx.default_device()
+    if not isinstance(device, (mx.Device, mx.DeviceType)):
+        raise TypeError(f"device must be an mlx.core.Device, a device type or None, got {type(device).__name__}")
+    return 1 if getattr(device, "type", device) == mx.gpu else 0
+
+
+def eval(
+    *arrays: Any,
+    throttle: int | float | None = None,
+    ahead: int | None = None,
+    synchronize: bool = False,
+    budget: int | float | None = None,
+) -> None:
+    """Evaluate arrays as :func:`mlx.core.eval` does, a checkpointed step one block at a time.
 
     Args:
         arrays: what :func:`mlx.core.eval` takes: arrays, or lists, tuples and
             dicts of them nested as deep as you like (``nn.Module`` state,
             ``mx.random.state`` included); leaves that are not arrays are
             ignored.
-        budget: bytes above the currently active memory that the evaluation
+        throttle: bytes above the currently active memory that the evaluation
             may use before the evaluator waits for queued work; ``None`` uses
-            the budget in force (:func:`nuvec_mlx.memory.budget`), ``math.inf``
-            turns the throttle off (the stages, if any, are still evaluated
-            one by one; without stages this is :func:`mlx.core.eval`).
+            the throttle in force (:func:`nuvec_mlx.memory.throttle`, else
+            :func:`nuvec_mlx.memory.current_throttle`'s default), ``math.inf``
+            turns it off (the stages, if any, are still evaluated one by one;
+            without stages this is :func:`mlx.core.eval`).
         ahead: stages queued on the device (:func:`mlx.core.async_eval`)
             beyond the one the host waits for, so that the device runs one
-            while the host builds the next: 0 (the default, the lowest peak)
-            waits for each stage before building the next; each stage ahead
-            keeps one more block in flight. Inside
+            while the host builds the next; each stage ahead keeps one more
+            block in flight. ``None`` for :func:`default_ahead` (1 on a GPU, 0
+            on the CPU); 0 gives the lowest peak. Inside
             :func:`nuvec_mlx.memory.ceiling` and
             :func:`nuvec_mlx.memory.timeline`, which read memory after each
             stage, it is 0.
@@ -60,31 +90,57 @@ def eval(*arrays: Any, budget: int | float | None = None, ahead: int = 0, synchr
             for the device and for MLX to release the stage's buffers, which on
             CUDA happens on a worker thread after :func:`mlx.core.eval` has
             returned: the next stage may otherwise start while they are still
-            held, so that the peak varies from step to step (on an H200, a
-            staged MLP step peaked at 2242-3076 MiB, and at a steady 1986 MiB
-            synchronized, for 5% more time; more on small steps). It also waits
-            for the stages queued ``ahead``.
+            held, so that the peak varies from step to step. It also waits for
+            the stages queued ``ahead``.
+        budget: deprecated spelling of ``throttle``.
 
     The memory limit is restored afterwards, also when evaluation raises.
 
     Example:
         >>> nv.eval(loss, grads)
-        >>> nv.eval({"loss": loss, "grads": grads}, budget=64 << 20)
-        >>> nv.eval(loss, state, ahead=1)  # faster on a GPU, one more block in flight
-        >>> nv.eval(loss, state, synchronize=True)  # on CUDA, a steadier peak
+        >>> nv.eval({"loss": loss, "grads": grads}, throttle=64 << 20)
+        >>> nv.eval(loss, state, ahead=0)  # the lowest peak, one host wait per stage
+        >>> nv.eval(loss, state, synchronize=True)  # on CUDA, the same peak every step
     """
     if budget is not None:
-        _validate.check_budget(budget, "budget")
-    _validate.check_int(ahead, "ahead", minimum=0)
-    _validate.check_bool(synchronize, "synchronize")
+        _validate.deprecated("nv.eval(..., budget=)", "nv.eval(..., throttle=)")
+        throttle = budget if throttle is None else throttle
+    check_settings(throttle, ahead, synchronize)  # before the registry forgets what is taken
     taken = _registry.take(arrays)
-    stages = taken.stages
-    nbytes = memory.current_budget(staged=bool(stages)) if budget is None else budget
+    staged(taken.stages, arrays, throttle=throttle, ahead=ahead, synchronize=synchronize, undos=taken.undos)
+
+
+def check_settings(throttle: object, ahead: object, synchronize: object) -> int:
+    """Check the evaluation settings; ``ahead`` as it applies (:func:`default_ahead` for ``None``)."""
+    if throttle is not None:
+        _validate.check_nbytes(throttle, "throttle")
+    _validate.check_bool(synchronize, "synchronize")
+    return default_ahead() if ahead is None else _validate.check_int(ahead, "ahead", minimum=0)
+
+
+def staged(
+    stages: Sequence[mx.array],
+    arrays: Sequence[Any],
+    *,
+    throttle: int | float | None,
+    ahead: int | None,
+    synchronize: bool,
+    undos: Sequence[Callable[[], None]] = (),
+) -> None:
+    """Evaluate ``stages`` one by one, then ``arrays``, as :func:`eval` does; the ``undos`` put the
+    steps' state back if it raises (a :func:`nuvec_mlx.memory.ceiling` stop).
+
+    :func:`eval` takes the stages of the arrays it is given from the
+    registry; :class:`nuvec_mlx.TrainingStep`, which has its stages in hand,
+    calls this directly.
+    """
+    ahead = check_settings(throttle, ahead, synchronize)
+    nbytes = memory.current_throttle(staged=bool(stages)) if throttle is None else throttle
     try:
-        with _throttle(nbytes):
-            _evaluate_stages(stages, arrays, 0 if _registry.observed() else ahead, synchronize)
+        with _throttled(nbytes):
+            _evaluate_stages(list(stages), tuple(arrays), 0 if _registry.observed() else ahead, synchronize)
     except BaseException:
-        for undo in taken.undos:
+        for undo in undos:
             undo()
         raise
 
@@ -105,7 +161,7 @@ def _evaluate_stages(stages: list[mx.array], arrays: tuple[Any, ...], ahead: int
 
 
 @contextlib.contextmanager
-def _throttle(nbytes: float) -> Iterator[None]:
+def _throttled(nbytes: float) -> Iterator[None]:
     """Hold MLX's memory limit at the active memory plus ``nbytes`` inside."""
     if nbytes == math.inf:
         yield

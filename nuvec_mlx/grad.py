@@ -14,16 +14,15 @@ no gradient for them, which keeps an input-only step at its FLOP floor.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
-
-import functools
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from . import _constants, _marks, _registry, _validate, _pytree
+from . import _constants, _marks, _pytree, _registry, _validate
 
 LossFn = Callable[[list[mx.array]], mx.array]
 
@@ -56,8 +55,7 @@ def value_and_grad_flat(
         for i in idx:
             if not _validate.is_differentiable(xs[i]):
                 raise ValueError(
-                    f"argnums selects xs[{i}] of dtype {xs[i].dtype}; "
-                    "gradients need a floating-point input"
+                    f"argnums selects xs[{i}] of dtype {xs[i].dtype}; gradients need a floating-point input"
                 )
 
         def selected_loss(*selected: mx.array) -> mx.array:
@@ -76,9 +74,7 @@ def value_and_grad_flat(
     return value_and_grad
 
 
-def grad_flat(
-    loss: LossFn, argnums: int | Sequence[int]
-) -> Callable[[Sequence[mx.array]], list[mx.array]]:
+def grad_flat(loss: LossFn, argnums: int | Sequence[int]) -> Callable[[Sequence[mx.array]], list[mx.array]]:
     """Like :func:`value_and_grad_flat`, returning the gradients only.
 
     Example:

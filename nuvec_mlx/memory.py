@@ -1,10 +1,12 @@
-"""Device memory statistics, and the budget that :func:`nuvec_mlx.eval` keeps to.
+"""Device memory: statistics, measurements, and the throttle that :func:`nuvec_mlx.eval` keeps to.
 
 Every figure is read after :func:`mlx.core.synchronize`, so that work still
 queued on the device (and frees that wait for it, as on CUDA) has finished.
 The counters are MLX's device-neutral ones and mean the same on CPU, CUDA and
 Metal: bytes the allocator handed out (CPU counts requested sizes, Metal
-page-aligned ones, CUDA rounded ones).
+page-aligned ones, CUDA rounded ones). A *peak* is always the highest active
+memory, in bytes, counting everything the process holds in MLX; a *rise* is a
+peak above what was active when a measurement began.
 """
 
 from __future__ import annotations
@@ -14,24 +16,34 @@ import contextvars
 import dataclasses
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import mlx.core as mx
 
 from . import _validate
 from ._ceiling import ceiling
-from ._timeline import Reading, Timeline, timeline
+from ._timeline import StageReading, Timeline, timeline
 
 __all__ = [
-    "DEFAULT_BUDGET", "Measurement", "Reading", "Stats", "Timeline", "all_stats", "budget", "ceiling",
-    "current_budget", "measure", "reset_peak", "stats", "timeline",
+    "DEFAULT_THROTTLE",
+    "Measurement",
+    "StageReading",
+    "Stats",
+    "Timeline",
+    "all_stats",
+    "ceiling",
+    "current_throttle",
+    "measure",
+    "reset_peak",
+    "stats",
+    "throttle",
+    "timeline",
 ]
 
-#: The default budget of staged evaluations on CPU, in bytes (a GPU has none): see :func:`current_budget`.
-DEFAULT_BUDGET = 1 << 20
+#: The default throttle of staged evaluations on CPU, in bytes (a GPU has none): see :func:`current_throttle`.
+DEFAULT_THROTTLE = 1 << 20
 
-_budget: contextvars.ContextVar[float | None] = contextvars.ContextVar(
-    "nuvec_mlx_budget", default=None
-)
+_throttle: contextvars.ContextVar[float | None] = contextvars.ContextVar("nuvec_mlx_throttle", default=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,12 +93,21 @@ class Measurement:
     Attributes:
         start: active memory at entry.
         end: active memory at exit.
-        peak: the highest active memory inside the block, above ``start``.
+        rise: the highest active memory inside the block, above ``start``
+            (the block's peak is ``start + rise``).
     """
 
     start: int = 0
     end: int = 0
-    peak: int = 0
+    rise: int = 0
+
+    @property
+    def peak(self) -> int:
+        """Deprecated: :attr:`rise`, the peak above ``start`` (a peak is absolute everywhere else)."""
+        _validate.deprecated(
+            "Measurement.peak (the rise above start)", "Measurement.rise, or start + rise for the peak"
+        )
+        return self.rise
 
 
 @contextlib.contextmanager
@@ -99,8 +120,8 @@ def measure(clear_cache: bool = True) -> Iterator[Measurement]:
 
     Example:
         >>> with nv.memory.measure() as m:
-        ...     nv.eval(step(xs))
-        >>> m.peak  # bytes
+        ...     step(x, y)
+        >>> m.rise  # bytes above what was active at entry
     """
     _validate.check_bool(clear_cache, "clear_cache")
     mx.synchronize()
@@ -113,57 +134,80 @@ def measure(clear_cache: bool = True) -> Iterator[Measurement]:
     finally:
         mx.synchronize()
         m.end = mx.get_active_memory()
-        m.peak = max(0, mx.get_peak_memory() - m.start)
+        m.rise = max(0, mx.get_peak_memory() - m.start)
 
 
 @contextlib.contextmanager
-def budget(nbytes: int | float) -> Iterator[None]:
-    """Set the evaluation budget of :func:`nuvec_mlx.eval` inside a block.
+def throttle(nbytes: int | float) -> Iterator[None]:
+    """Set the throttle of :func:`nuvec_mlx.eval` inside a block.
 
-    The budget is how many bytes above the memory already active an
+    The throttle is how many bytes above the memory already active an
     evaluation may use before MLX's evaluator stops running ahead: beyond it,
     the evaluator waits for queued work to finish (and free its buffers)
-    before it dispatches more. A small budget gives the lowest peak; a larger
-    one lets more work overlap; ``math.inf`` turns the throttle off (a step's
-    stages are still evaluated one by one). The setting is
-    per thread and per task (a :mod:`contextvars` variable).
+    before it dispatches more. A small throttle gives the lowest peak; a
+    larger one lets more work overlap; ``math.inf`` turns it off (a step's
+    stages are still evaluated one by one). The setting is per thread and per
+    task (a :mod:`contextvars` variable).
 
     Args:
         nbytes: bytes, an int >= 0, or ``math.inf``.
 
     Example:
-        >>> with nv.memory.budget(64 << 20):
+        >>> with nv.memory.throttle(64 << 20):
         ...     nv.eval(step(xs))
     """
-    token = _budget.set(_validate.check_budget(nbytes, "nbytes"))
+    token = _throttle.set(_validate.check_nbytes(nbytes, "nbytes"))
     try:
         yield
     finally:
-        _budget.reset(token)
+        _throttle.reset(token)
 
 
-def current_budget(staged: bool = True) -> float:
-    """The budget :func:`nuvec_mlx.eval` keeps to: the innermost :func:`budget`, else the default.
+def current_throttle(staged: bool = True) -> float:
+    """The throttle :func:`nuvec_mlx.eval` keeps to: the innermost :func:`throttle`, else the default.
 
     Args:
         staged: whether the evaluation is staged (a step with checkpoints,
-            from nuvec's gradients or compile). The default budget applies to
-            staged evaluations only: ``DEFAULT_BUDGET`` on CPU, where waiting
+            from nuvec's gradients or compile). The default applies to staged
+            evaluations only: :data:`DEFAULT_THROTTLE` on CPU, where waiting
             for the worker thread is cheap and trims what runs ahead within a
             stage, and ``math.inf`` on a GPU, where stages alone bound the
             run-ahead and a throttle would add a wait after every kernel. An
             evaluation with no stages is :func:`mlx.core.eval` itself unless
-            you set a budget.
+            you set a throttle.
 
     Example:
-        >>> nv.memory.current_budget()  # on CPU
+        >>> nv.memory.current_throttle()  # on CPU
         1048576
     """
     _validate.check_bool(staged, "staged")
-    nbytes = _budget.get()
+    nbytes = _throttle.get()
     if nbytes is not None:
         return nbytes
-    return DEFAULT_BUDGET if staged and mx.default_device() == mx.cpu else math.inf
+    return DEFAULT_THROTTLE if staged and mx.default_device() == mx.cpu else math.inf
+
+
+def budget(nbytes: int | float) -> contextlib.AbstractContextManager[None]:
+    """Deprecated spelling of :func:`throttle` (a budget is a peak everywhere else: :func:`nuvec_mlx.plan`)."""
+    _validate.deprecated("nv.memory.budget", "nv.memory.throttle")
+    return throttle(nbytes)
+
+
+def current_budget(staged: bool = True) -> float:
+    """Deprecated spelling of :func:`current_throttle`."""
+    _validate.deprecated("nv.memory.current_budget", "nv.memory.current_throttle")
+    return current_throttle(staged)
+
+
+_RENAMED = {"DEFAULT_BUDGET": "DEFAULT_THROTTLE", "Reading": "StageReading"}
+
+
+def __getattr__(name: str) -> Any:
+    """The deprecated names of :data:`DEFAULT_THROTTLE` and :class:`StageReading`, with a warning."""
+    if name in _RENAMED:
+        _validate.deprecated(f"nv.memory.{name}", f"nv.memory.{_RENAMED[name]}")
+        return globals()[_RENAMED[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def all_stats(group: mx.distributed.Group | None = None) -> list[Stats]:
@@ -192,9 +236,7 @@ def all_stats(group: mx.distributed.Group | None = None) -> list[Stats]:
     if group is None:
         group = mx.distributed.init()
     elif not isinstance(group, mx.distributed.Group):
-        raise TypeError(
-            f"group must be an mlx.core.distributed.Group or None, got {type(group).__name__}"
-        )
+        raise TypeError(f"group must be an mlx.core.distributed.Group or None, got {type(group).__name__}")
     own = dataclasses.astuple(stats())
     gathered = mx.distributed.all_gather(mx.array(own, dtype=mx.int64), group=group)
     return [Stats(*row) for row in gathered.reshape(group.size(), len(own)).tolist()]

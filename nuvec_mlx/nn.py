@@ -11,23 +11,36 @@ it unchecked.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import mlx.nn as nn
 
-from . import _pytree, _validate, policies, _policies
+from . import _attention, _policies, _pytree, _validate, policies
 from .checkpoint import checkpoint_flat
 
-_subclasses: dict[tuple[type, Callable | None], type] = {}
+_subclasses: dict[tuple[type, Callable | None, int | str | None], type] = {}
+
+# Bumped whenever a module's checkpointing changes: a compiled step traced before runs its
+# blocks as they were when traced, so nv.TrainingStep traces again when this moved.
+_changes = 0
 
 
-def _checkpointed_class(cls: type, policy: policies.Policy | None = None) -> type:
+def changes() -> int:
+    """How many times :func:`checkpoint_module` has changed how a module runs, in this process."""
+    return _changes
+
+
+def _checkpointed_class(
+    cls: type, policy: policies.Policy | None = None, attention_chunk: int | str | None = "auto"
+) -> type:
     """The cached subclass of ``cls`` whose ``__call__`` runs checkpointed with ``policy``."""
-    if (cls, policy) not in _subclasses:
-        transform = functools.partial(checkpoint_flat, policy=policy)
+    key = (cls, policy, attention_chunk)
+    if key not in _subclasses:
+        transform = functools.partial(checkpoint_flat, policy=policy, attention_chunk=attention_chunk)
 
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
             # The original __call__, bound: self and what its code reaches are captured.
@@ -37,17 +50,41 @@ def _checkpointed_class(cls: type, policy: policies.Policy | None = None) -> typ
         def __reduce_ex__(self, protocol: int) -> tuple:
             # Pickled by reference to the original class (the subclass is made at
             # run time, pickle could not find it), and checkpointed again on load.
-            return (_new_checkpointed, (cls, policy), *object.__reduce_ex__(self, protocol)[2:])
+            return (_new_checkpointed, key, *object.__reduce_ex__(self, protocol)[2:])
 
-        _subclasses[(cls, policy)] = type(cls.__name__, (cls,), {
-            "__call__": __call__, "__reduce_ex__": __reduce_ex__, "_nuvec_original_class": cls,
-            "__module__": cls.__module__, "__qualname__": cls.__qualname__})
-    return _subclasses[(cls, policy)]
+        _subclasses[key] = type(
+            cls.__name__,
+            (cls,),
+            {
+                "__call__": __call__,
+                "__reduce_ex__": __reduce_ex__,
+                "_nuvec_original_class": cls,
+                "__module__": cls.__module__,
+                "__qualname__": cls.__qualname__,
+            },
+        )
+    return _subclasses[key]
 
 
-def _new_checkpointed(cls: type, policy: policies.Policy | None = None) -> nn.Module:
+@contextlib.contextmanager
+def restoring(modules: Sequence[nn.Module]) -> Iterator[None]:
+    """Inside, the checkpointing of ``modules`` may change; after, each runs as it did before."""
+    global _changes
+    classes = [type(m) for m in modules]
+    try:
+        yield
+    finally:
+        for m, cls in zip(modules, classes):
+            if type(m) is not cls:
+                m.__class__ = cls
+                _changes += 1
+
+
+def _new_checkpointed(
+    cls: type, policy: policies.Policy | None = None, attention_chunk: int | str | None = "auto"
+) -> nn.Module:
     """An empty checkpointed instance of ``cls``, for pickle and copy to fill."""
-    sub = _checkpointed_class(cls, policy)
+    sub = _checkpointed_class(cls, policy, attention_chunk)
     return sub.__new__(sub)
 
 
@@ -74,7 +111,10 @@ def is_checkpointed(module: nn.Module) -> bool:
 
 
 def checkpoint_module(
-    module: nn.Module, enable: bool = True, policy: policies.Policy | None = None
+    module: nn.Module,
+    enable: bool = True,
+    policy: policies.Policy | None = None,
+    attention_chunk: int | str | None = "auto",
 ) -> nn.Module:
     """Checkpoint one module instance (in place); ``enable=False`` undoes it.
 
@@ -88,6 +128,9 @@ def checkpoint_module(
         policy: which forward values to keep rather than recompute
             (:mod:`nuvec_mlx.policies`; the outputs of its ``nn.Linear``
             layers, named values); ``None`` keeps none.
+        attention_chunk: attention inside the module in query chunks
+            (:func:`nuvec_mlx.checkpoint_flat`): ``"auto"`` where the backend
+            trains attention unfused, a chunk size, or ``None``.
 
     Returns:
         ``module`` itself.
@@ -102,10 +145,15 @@ def checkpoint_module(
     _validate.check_module(module, "module")
     _validate.check_bool(enable, "enable")
     policy = _policies.check_policy(policy)
+    attention_chunk = _attention.check(attention_chunk)
+    global _changes
     cls = type(module).__dict__.get("_nuvec_original_class", type(module))
     if enable:
         _check_has_call(module, "module")
-    module.__class__ = _checkpointed_class(cls, policy) if enable else cls
+    new = _checkpointed_class(cls, policy, attention_chunk) if enable else cls
+    if type(module) is not new:
+        module.__class__ = new
+        _changes += 1
     return module
 
 
@@ -138,14 +186,16 @@ def _blocks(model: nn.Module, layers: Any) -> list[nn.Module]:
         return [m for _, m in model.named_modules()[::-1] if m is not model and layers(m)]
     if isinstance(layers, (list, tuple)):
         return list(layers)
-    raise TypeError(
-        f"layers must be None, a list of modules or a predicate, got {type(layers).__name__}"
-    )
+    raise TypeError(f"layers must be None, a list of modules or a predicate, got {type(layers).__name__}")
 
 
 def checkpoint_layers(
-    model: nn.Module, layers: Any = None, every: int = 1, enable: bool = True,
+    model: nn.Module,
+    layers: Any = None,
+    every: int = 1,
+    enable: bool = True,
     policy: policies.Policy | None = None,
+    attention_chunk: int | str | None = "auto",
 ) -> int:
     """Checkpoint (or, with ``enable=False``, un-checkpoint) a model's blocks.
 
@@ -155,7 +205,7 @@ def checkpoint_layers(
             modules, or a predicate ``module -> bool`` over ``model``'s modules.
         every: wrap every ``every``-th block (0, every, 2*every, ...).
         enable: wrap (True) or unwrap (False).
-        policy: as for :func:`checkpoint_module`.
+        policy, attention_chunk: as for :func:`checkpoint_module`.
 
     Returns:
         How many blocks were wrapped, took another policy, or were unwrapped:
@@ -173,6 +223,7 @@ def checkpoint_layers(
     _validate.check_int(every, "every", minimum=1)
     _validate.check_bool(enable, "enable")
     policy = _policies.check_policy(policy)
+    attention_chunk = _attention.check(attention_chunk)
     blocks = find_layers(model, layers)
     for i, block in enumerate(blocks):
         if enable and i % every == 0:
@@ -180,12 +231,15 @@ def checkpoint_layers(
     count = 0
     for block in blocks[::every]:
         before = type(block)
-        count += type(checkpoint_module(block, enable, policy)) is not before
+        count += type(checkpoint_module(block, enable, policy, attention_chunk)) is not before
     return count
 
 
 def checkpoint_sequential(
-    layers: Sequence[Callable], segments: int | str = "sqrt", policy: policies.Policy | None = None
+    layers: Sequence[Callable],
+    segments: int | str = "sqrt",
+    policy: policies.Policy | None = None,
+    attention_chunk: int | str | None = "auto",
 ) -> Callable[[Any], Any]:
     """Run ``layers`` in sequence as ``segments`` checkpointed segments.
 
@@ -193,7 +247,7 @@ def checkpoint_sequential(
         layers: modules (or functions) applied one after another.
         segments: number of segments, or ``"sqrt"`` for ceil(sqrt(len(layers)))
             (Chen et al. 2016).
-        policy: as for :func:`checkpoint_module`.
+        policy, attention_chunk: as for :func:`checkpoint_module`.
 
     Returns:
         ``run(x) -> y`` equal to applying the layers in turn.
@@ -204,9 +258,7 @@ def checkpoint_sequential(
     if isinstance(layers, nn.Sequential):
         layers = layers.layers
     if isinstance(layers, nn.Module) or not isinstance(layers, Sequence):
-        raise TypeError(
-            f"layers must be an nn.Sequential or a list or tuple of layers, got {type(layers).__name__}"
-        )
+        raise TypeError(f"layers must be an nn.Sequential or a list or tuple of layers, got {type(layers).__name__}")
     layers = list(layers)
     if not layers:
         raise ValueError("layers must hold at least one layer, got none")
@@ -222,15 +274,17 @@ def checkpoint_sequential(
     if segments > n:
         raise ValueError(f"segments must be at most the {n} layers, got {segments}")
     size = math.ceil(n / segments)
-    groups = [layers[i:i + size] for i in range(0, n, size)]
-    transform = functools.partial(checkpoint_flat, policy=policy)
+    groups = [layers[i : i + size] for i in range(0, n, size)]
+    transform = functools.partial(checkpoint_flat, policy=policy, attention_chunk=_attention.check(attention_chunk))
 
     def run(x: Any) -> Any:
         for group in groups:
+
             def seg(h: Any, group: list = group) -> Any:
                 for layer in group:
                     h = layer(h)
                 return h
+
             x = _pytree.call_flat(transform, _policies.offering_layers(seg, policy), (x,), {})  # seg reaches its layers
         return x
 

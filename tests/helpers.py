@@ -105,19 +105,18 @@ def tiny_llama(layers: int = 4, hidden: int = 64, vocab: int = 256, seed: int = 
 
 
 def held_while_unobserved(monkeypatch, extra: int) -> None:
-    """nv.eval in trial steps holds ``extra`` more bytes when nothing reads memory after each stage,
+    """Staged evaluations hold ``extra`` more bytes when nothing reads memory after each stage,
     as CUDA holds a stage's buffers until MLX's worker frees them, later than mx.eval returns."""
-    from nuvec_mlx import _registry
-    from nuvec_mlx.planner import _trial  # the trial's own nv.eval
+    from nuvec_mlx import _registry, evaluate
 
-    real = _trial.nv_eval
+    real = evaluate.staged
 
-    def late_frees(*arrays, **kwargs):
+    def late_frees(*args, **kwargs):
         if _registry.observed():
-            return real(*arrays, **kwargs)
+            return real(*args, **kwargs)
         held = mx.zeros((extra // 4,))
         mx.eval(held)
-        real(*arrays, **kwargs)
+        real(*args, **kwargs)
         del held
 
-    monkeypatch.setattr(_trial, "nv_eval", late_frees)
+    monkeypatch.setattr(evaluate, "staged", late_frees)

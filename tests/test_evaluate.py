@@ -76,10 +76,10 @@ def test_eval_within_budget_lowers_the_peak_of_what_runs_ahead(compiled):
     assert throttled < unlimited
 
 
-@pytest.mark.parametrize("budget, error", [(-5, ValueError), ("big", TypeError)])
-def test_eval_bad_budget_raises(budget, error):
-    with pytest.raises(error, match="budget"):
-        nv.eval(mx.ones(2), budget=budget)
+@pytest.mark.parametrize("throttle, error", [(-5, ValueError), ("big", TypeError)])
+def test_eval_bad_throttle_raises(throttle, error):
+    with pytest.raises(error, match="throttle"):
+        nv.eval(mx.ones(2), throttle=throttle)
 
 
 def _mlp_step(strategy: str, batch: int = 256, dim: int = 64, blocks: int = 6, weight_grads: bool = False):

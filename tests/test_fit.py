@@ -25,7 +25,7 @@ def peak(model, loss_fn, batch, optimizer):
     compiled, nv.eval, the higher of two steps), by the harness it shares with nv.plan."""
     from nuvec_mlx.planner import _trial
 
-    trial = _trial.Trial(model, loss_fn, model.model.layers, optimizer)
+    trial = _trial.Trial(nv.TrainingStep(model, loss_fn, optimizer), model.model.layers)
     with trial.restoring():
         trial.set_modes([nv.policies.save_nothing] * len(trial.blocks))
         return max(r.peak for r in trial.measure(batch))

@@ -27,6 +27,7 @@ from mlx_lm.tuner.utils import linear_to_lora_layers
 from mlx_lm.utils import load
 
 import nuvec_mlx as nv
+from nuvec_mlx import evaluate
 from nuvec_mlx.mlx_lm import _report as _train_report
 from nuvec_mlx import mlx_lm as nvlm
 from nuvec_mlx_bench import measure
@@ -103,7 +104,8 @@ def assert_trains_as_mlx_lm_lora(model: Path, data: Path, out: Path, mode: str, 
                                  accumulation: int = 1):
     """nuvec-mlx-lora --grad-checkpoint prints mlx_lm.lora's losses (unchecked) and saves its adapters,
     every block of every class a stage of every step: forward, then backward, each followed by the
-    update of the block's parameters on the steps that update (every ``accumulation``-th)."""
+    update of the block's parameters on the steps that update (every ``accumulation``-th); the loss
+    head's chunks (one here: the whole sequence) are stages between the forward and the backward."""
     plain = run_mlx_lm_lora(lora_args(model, data, out / "mlx", mode, *extra), monkeypatch, capsys)
     with nv.memory.timeline() as timeline:
         ours = run_nuvec_mlx_lora(lora_args(model, data, out / "nuvec", mode, "--grad-checkpoint", *extra), capsys)
@@ -116,7 +118,7 @@ def assert_trains_as_mlx_lm_lora(model: Path, data: Path, out: Path, mode: str, 
     for s in steps:
         kinds = [r.kind for r in timeline.readings if r.evaluation == s]
         backward = ["backward", "update"] if (s + 1) % accumulation == 0 else ["backward"]
-        assert kinds == ["forward"] * blocks + backward * blocks + ["outputs"], s
+        assert kinds == ["forward"] * blocks + ["chunk", "chunk"] + backward * blocks + ["outputs"], s
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -184,14 +186,25 @@ def test_train_checkpoints_every_block_for_the_run_only_and_reports_the_step_pea
     assert (tmp_path / "adapters.safetensors").exists()
 
 
+def aheads_seen(monkeypatch) -> list:
+    """The stages ahead each staged evaluation runs with, as it resolves them (None: the device's default)."""
+    seen, real = [], evaluate.staged
+
+    def recording(*args, **kwargs):
+        seen.append(evaluate.check_settings(kwargs["throttle"], kwargs["ahead"], kwargs["synchronize"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "staged", recording)
+    return seen
+
+
 @pytest.mark.parametrize("ahead, expected", [(None, 3), (0, 0)], ids=["device default", "given"])
 def test_train_queues_the_device_default_or_the_given_stages_ahead(folders, data, tmp_path, eager, monkeypatch,
                                                                      ahead, expected):
     model, args, train_set, _ = lora_model(folders("llama", "lora"), data)
     args.adapter_file = str(tmp_path / "adapters.safetensors")
-    monkeypatch.setattr(nvlm, "default_ahead", lambda device=None: 3)
-    seen, real = [], nvlm.nv_eval
-    monkeypatch.setattr(nvlm, "nv_eval", lambda *a, **kw: seen.append(kw["ahead"]) or real(*a, **kw))
+    monkeypatch.setattr(evaluate, "default_ahead", lambda device=None: 3)
+    seen = aheads_seen(monkeypatch)
     nvlm.train(model, optim.Adam(1e-3), train_set, args=args, ahead=ahead)
     assert seen == [expected] * args.iters
 
@@ -205,8 +218,7 @@ def test_the_command_takes_stages_ahead_as_a_flag_or_from_a_config_file(folders,
     else:
         (tmp_path / "config.yaml").write_text(yaml.safe_dump({"stages_ahead": 2}))
         argv += ["--config", str(tmp_path / "config.yaml")]
-    seen, real = [], nvlm.nv_eval
-    monkeypatch.setattr(nvlm, "nv_eval", lambda *a, **kw: seen.append(kw["ahead"]) or real(*a, **kw))
+    seen = aheads_seen(monkeypatch)
     run_nuvec_mlx_lora(argv, capsys)
     assert seen == [2] * 5
 

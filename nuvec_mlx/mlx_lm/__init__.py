@@ -10,6 +10,8 @@ losses, LoRA conversion and adapter files) with :func:`train` in place of
 The only part of nuvec_mlx that needs mlx-lm: ``pip install "nuvec-mlx[mlx-lm]"``.
 """
 
-from .trainer import PROG, checkpointed_blocks, default_ahead, main, train, training_step
+from .lora import PROG, main
+from .losses import chunked_loss
+from .trainer import checkpointed_blocks, default_ahead, train, training_step
 
-__all__ = ["PROG", "checkpointed_blocks", "default_ahead", "main", "train", "training_step"]
+__all__ = ["PROG", "checkpointed_blocks", "chunked_loss", "default_ahead", "main", "train", "training_step"]

@@ -75,8 +75,9 @@ class _Line:
 class TrainUI(MlxLmTrainUI):
     """mlx-lm's training display; its report line ends with the steps' peak memory."""
 
-    def report_train(self, it: int, train_loss: float, tokens_sec: float, trained_tokens: int,
-                     step_peak: int = 0) -> None:
+    def report_train(
+        self, it: int, train_loss: float, tokens_sec: float, trained_tokens: int, step_peak: int = 0
+    ) -> None:
         """mlx-lm's report line (iteration, loss, tokens/s, tokens), then ``peak`` and ``step_peak``."""
         console, line = self._console, _Line()
         self._console = line

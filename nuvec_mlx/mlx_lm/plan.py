@@ -2,7 +2,7 @@
 
     nuvec-mlx-plan --model ./my-model --budget 12GiB --batch-size 4 --max-seq-length 2048
     nuvec-mlx-plan --model ./my-model --budget 12GiB --fine-tune-type full --largest seq
-    python -m nuvec_mlx.command ...   # the same
+    python -m nuvec_mlx.mlx_lm.plan ...   # the same
 
 Loads the model folder with ``mlx_lm.utils.load``, prepares it as
 ``mlx_lm.lora`` does (``--fine-tune-type``, ``--num-layers`` and
@@ -30,12 +30,15 @@ import mlx.optimizers as optim
 
 from .. import policies
 from ..planner import largest_fit, plan, saved_activations
+from ..step import TrainingStep
 
 UNITS = {"": 1, "B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
-OPTIMIZERS = {"adam": optim.Adam, "adamw": optim.AdamW, "sgd": optim.SGD, "adafactor": optim.Adafactor,
-              "none": None}
-POLICIES = {"save_everything": policies.save_everything, "save_matmuls": policies.save_matmuls,
-            "save_nothing": policies.save_nothing}
+OPTIMIZERS = {"adam": optim.Adam, "adamw": optim.AdamW, "sgd": optim.SGD, "adafactor": optim.Adafactor, "none": None}
+POLICIES = {
+    "save_everything": policies.save_everything,
+    "save_matmuls": policies.save_matmuls,
+    "save_nothing": policies.save_nothing,
+}
 
 
 def parse_bytes(text: str) -> int:
@@ -55,20 +58,32 @@ def parse_bytes(text: str) -> int:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line; a bad value is a parser error (exit status 2)."""
     p = argparse.ArgumentParser(prog="nuvec-mlx-plan", description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, type=Path, help="an mlx-lm model folder (config.json, safetensors, tokenizer)")
+    p.add_argument(
+        "--model", required=True, type=Path, help="an mlx-lm model folder (config.json, safetensors, tokenizer)"
+    )
     p.add_argument("--budget", required=True, help="peak MLX memory of a step, e.g. 12GiB or 800MiB")
     p.add_argument("--fine-tune-type", choices=("lora", "dora", "full"), default="lora", help="as mlx_lm.lora")
-    p.add_argument("--num-layers", type=int, default=16, help="layers to fine-tune, from the last (-1: all); as mlx_lm.lora")
+    p.add_argument(
+        "--num-layers", type=int, default=16, help="layers to fine-tune, from the last (-1: all); as mlx_lm.lora"
+    )
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--max-seq-length", type=int, default=2048, help="tokens per sequence of the measured batch")
     p.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="adam")
     p.add_argument("--learning-rate", type=float, default=1e-5)
-    p.add_argument("--policies", default="save_everything,save_matmuls,save_nothing",
-                   help=f"the checkpoint policies the plan may use, comma-separated from {', '.join(POLICIES)}")
-    p.add_argument("--largest", choices=("seq", "batch"), help="also find the largest sequence length or batch that fits")
+    p.add_argument(
+        "--policies",
+        default="save_everything,save_matmuls,save_nothing",
+        help=f"the checkpoint policies the plan may use, comma-separated from {', '.join(POLICIES)}",
+    )
+    p.add_argument(
+        "--largest", choices=("seq", "batch"), help="also find the largest sequence length or batch that fits"
+    )
     p.add_argument("--no-compile", action="store_true", help="plan for an uncompiled step")
-    p.add_argument("--synchronize", action="store_true",
-                   help="verify the plan as evaluated with nv.eval(..., synchronize=True) (CUDA: a steadier peak)")
+    p.add_argument(
+        "--synchronize",
+        action="store_true",
+        help="verify the plan as evaluated with nv.eval(..., synchronize=True) (CUDA: a steadier peak)",
+    )
     p.add_argument("--no-report", action="store_true", help="skip the saved-activations report")
     p.add_argument("--json", type=Path, help="also write the plan, report and answer to this file")
     p.add_argument("--seed", type=int, default=0)
@@ -99,11 +114,12 @@ def prepare(model: nn.Module, fine_tune_type: str, num_layers: int) -> None:
         raise ValueError(f"--num-layers {num_layers} is more than the model's {len(layers)} layers")
     model.freeze()
     if fine_tune_type == "full":
-        for layer in layers[-max(num_layers, 0):]:
+        for layer in layers[-max(num_layers, 0) :]:
             layer.unfreeze()
     else:
-        linear_to_lora_layers(model, num_layers, {"rank": 8, "dropout": 0.0, "scale": 20.0},
-                              use_dora=fine_tune_type == "dora")
+        linear_to_lora_layers(
+            model, num_layers, {"rank": 8, "dropout": 0.0, "scale": 20.0}, use_dora=fine_tune_type == "dora"
+        )
 
 
 def tokens(vocab: int, batch: int, length: int, seed: int) -> tuple[mx.array, mx.array]:
@@ -131,17 +147,20 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     batch = tokens(vocab, args.batch_size, args.max_seq_length, args.seed)
     optimizer_class = OPTIMIZERS[args.optimizer]
     optimizer = optimizer_class(learning_rate=args.learning_rate) if optimizer_class else None
-    common = dict(optimizer=optimizer, compile=not args.no_compile)
-    found = plan(model, default_loss, batch, args.budget, policies=args.policies, synchronize=args.synchronize,
-                 **common)
+    step = TrainingStep(model, default_loss, optimizer, compile=not args.no_compile, synchronize=args.synchronize)
+    found = plan(step, batch, args.budget, policies=args.policies)
     print(found)
-    result: dict[str, Any] = {"command": " ".join(["nuvec-mlx-plan", *(sys.argv[1:] if argv is None else argv)]),
-                              "mlx": mx.__version__, "plan": found.to_dict()}
+    result: dict[str, Any] = {
+        "command": " ".join(["nuvec-mlx-plan", *(sys.argv[1:] if argv is None else argv)]),
+        "mlx": mx.__version__,
+        "plan": found.to_dict(),
+    }
     if not args.no_report:
-        report = saved_activations(model, default_loss, batch, policy=policies.save_matmuls)
-        print("\nSaved activations per block (uncompiled graph; see nuvec_mlx.saved):\n" + str(report))
+        report = saved_activations(step, batch, policy=policies.save_matmuls)
+        print("\nSaved activations per block (uncompiled graph; see nuvec_mlx.planner.saved):\n" + str(report))
         result["saved_activations"] = report.to_dict()
     if args.largest:
+
         def make(size: int) -> tuple[mx.array, mx.array]:
             if args.largest == "seq":
                 return tokens(vocab, args.batch_size, size, args.seed)
@@ -149,8 +168,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
 
         start = args.max_seq_length if args.largest == "seq" else args.batch_size
         sizes = sorted({max(2, start // 4), max(3, start // 2), max(4, start)})
-        fit = largest_fit(model, default_loss, make, args.budget, sizes=sizes,
-                          multiple=8 if args.largest == "seq" else 1, **common)
+        fit = largest_fit(step, make, args.budget, sizes=sizes, multiple=8 if args.largest == "seq" else 1)
         print(f"\n--largest {args.largest}: " + str(fit))
         result["largest"] = {"dimension": args.largest, **fit.__dict__}
     if args.json:

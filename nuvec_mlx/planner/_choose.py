@@ -86,8 +86,13 @@ def choose(options: Sequence[Sequence[Option]], limit: float, outputs: int) -> C
                 if need > limit:
                     continue
                 total = kept + option.keeps
-                entry = (cost + option.cost, max(peak, need), (j, kind) if need > peak else at,
-                         modes + (option.mode,), total)
+                entry = (
+                    cost + option.cost,
+                    max(peak, need),
+                    (j, kind) if need > peak else at,
+                    modes + (option.mode,),
+                    total,
+                )
                 bucket = math.floor(total / step)
                 if bucket not in reached or entry[:2] < reached[bucket][:2]:
                     reached[bucket] = entry
@@ -111,8 +116,11 @@ def _pareto(reached: dict[int, tuple]) -> dict[int, tuple]:
 
 def smallest(options: Sequence[Sequence[Option]], outputs: int) -> Choice:
     """The choice with the smallest predicted peak (the cheapest among those)."""
-    high = outputs + sum(max(o.keeps for o in block) for block in options) + max(
-        max(max(o.forward, o.backward or 0) for o in block) for block in options)
+    high = (
+        outputs
+        + sum(max(o.keeps for o in block) for block in options)
+        + max(max(max(o.forward, o.backward or 0) for o in block) for block in options)
+    )
     low = outputs
     best = choose(options, high, outputs)
     while high - low > max(1, high * RESOLUTION):

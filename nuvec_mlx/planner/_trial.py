@@ -1,14 +1,13 @@
-"""Trial steps: a model's training step run to be measured, and everything put back after.
+"""Trial steps: the user's training step run to be measured, and everything put back after.
 
-The planner and the saved-activations report measure the step a user runs:
-the loss and gradients of the model's trainable parameters
-(:func:`nuvec_mlx.value_and_grad`), the optimizer's update when there is one
-(:func:`nuvec_mlx.update`: each checkpointed block's a stage after its backward),
-compiled with :func:`nuvec_mlx.compile` (unless told otherwise) and evaluated
-with :func:`nuvec_mlx.eval`. A trial leaves no trace: the model's parameters,
-the optimizer's state, MLX's random key, and the checkpoint wrapping of the
-blocks are put back as they were, also when a step raises. Its readings are
-those of the user's step: the originals kept to put back are counted out.
+The planner, :func:`~nuvec_mlx.largest_fit` and the saved-activations report
+measure the step a user runs: a :class:`nuvec_mlx.TrainingStep`, with its own
+compile and evaluation settings (every trial step updates: ``accumulate`` is
+1). A trial leaves no trace: the model's parameters, the optimizer's state (the
+same dicts, which steps compiled before hold), MLX's random key, and the
+checkpointing of the blocks are put back as they were, also when a step
+raises. Its readings are those of the user's step: the originals kept to put
+back are counted out.
 """
 
 from __future__ import annotations
@@ -23,28 +22,24 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-import mlx.optimizers as optim
-from mlx.utils import tree_map
 
-from .. import _pytree, _random, memory
-from ..compile import compile as nv_compile
-from ..evaluate import eval as nv_eval
-from ..grad import value_and_grad
-from ..nn import checkpoint_module
-from ..update import update
+from .. import _pytree, _validate, memory
+from .. import nn as nv_nn
+from ..memory import StageReading
+from ..step import TrainingStep
 
 #: A block that is not wrapped at all (every other mode is a checkpoint policy).
 PLAIN = "plain"
 
 
 @dataclasses.dataclass(frozen=True)
-class Reading:
+class StepReading:
     """One measured step: the memory after each stage, and its time."""
 
     start: int  # active memory when the evaluation began (weights, optimizer state, batch)
     peak: int  # the highest active memory during it
     seconds: float  # from the step's call to the end of its evaluation
-    stages: list  # nv.memory.Reading per stage
+    stages: list[StageReading]
 
 
 def as_batch(batch: Any) -> tuple:
@@ -54,72 +49,70 @@ def as_batch(batch: Any) -> tuple:
     return (batch,)
 
 
+def check_batch(batch: object) -> None:
+    """``TypeError`` unless ``batch`` is an array or a tuple of the loss's arguments holding one."""
+    if not any(isinstance(a, mx.array) for a in as_batch(batch)):
+        raise TypeError(
+            "batch must be an mlx.core.array or a tuple of the loss's arguments holding arrays, "
+            f"got {type(batch).__name__}"
+        )
+
+
+def as_step(step: object, args: tuple, kwargs: dict, name: str) -> tuple[TrainingStep, tuple, dict]:
+    """The :class:`TrainingStep` a planning function measures, its other arguments, and its options.
+
+    Planning functions take the step first. Their form before
+    :class:`TrainingStep`, ``name(model, loss_fn, ..., optimizer=, compile=,
+    synchronize=)``, still works, with a ``FutureWarning``.
+    """
+    if isinstance(step, TrainingStep):
+        return step, args, kwargs
+    if not isinstance(step, nn.Module):
+        raise TypeError(f"step must be an nv.TrainingStep, got {type(step).__name__}")
+    if not args:
+        raise TypeError(f"{name}(model, loss_fn, ...) needs loss_fn: pass nv.TrainingStep(model, loss_fn, optimizer)")
+    _validate.deprecated(
+        f"{name}(model, loss_fn, ..., optimizer=...)",
+        f"{name}(nv.TrainingStep(model, loss_fn, optimizer), ...)",
+        stacklevel=4,
+    )
+    legacy = {k: kwargs.pop(k) for k in ("optimizer", "compile", "synchronize") if k in kwargs}
+    return TrainingStep(step, args[0], legacy.pop("optimizer", None), **legacy), args[1:], kwargs
+
+
 class Trial:
-    """Runs and measures one model's training step; :meth:`restoring` puts everything back.
+    """Runs and measures the user's step; :meth:`restoring` puts everything back.
 
     Args:
-        model: the model; ``blocks`` are the modules the modes apply to.
-        loss_fn: ``loss_fn(model, *batch)``, as :func:`mlx.nn.value_and_grad` takes.
-        optimizer: updates the model in the step, when given.
-        compiled: compile the step with :func:`nuvec_mlx.compile`.
-        synchronize: the step as run is evaluated with ``nv.eval(...,
-            synchronize=True)`` (unobserved and timed steps).
+        step: the user's step (its model, loss, optimizer and settings).
+        blocks: the modules the modes apply to.
     """
 
-    def __init__(self, model: nn.Module, loss_fn: Callable, blocks: Sequence[nn.Module],
-                 optimizer: optim.Optimizer | None = None, compiled: bool = True, synchronize: bool = False):
-        self.model, self.loss_fn, self.blocks = model, loss_fn, list(blocks)
-        self.optimizer, self.compiled, self.synchronize = optimizer, compiled, synchronize
+    def __init__(self, step: TrainingStep, blocks: Sequence[nn.Module]):
+        self.step, self.blocks = step.replace(accumulate=1), list(blocks)
+        self.model, self.optimizer = step.model, step.optimizer
 
     @contextlib.contextmanager
     def restoring(self) -> Iterator[None]:
         """Inside, steps may run; after, the model, optimizer, random key and block wrapping are as before."""
-        parameters = tree_map(lambda a: a, self.model.parameters())
-        # The state dict itself is put back, not a copy: a step compiled before (its
-        # inputs and outputs) holds that dict, and would otherwise update a stale one.
-        held = self.optimizer.state if self.optimizer is not None else None
-        opt_state = tree_map(lambda a: a, held) if held is not None else None
-        key, classes = _random.key(), [type(b) for b in self.blocks]
+        undo = self.step.snapshot()
         try:
-            if self.optimizer is not None:
-                self.optimizer.init(self.model.trainable_parameters())
-                mx.eval(self.optimizer.state)
-            yield
+            with nv_nn.restoring(self.blocks):
+                if self.optimizer is not None:
+                    self.optimizer.init(self.model.trainable_parameters())
+                    mx.eval(self.optimizer.state)
+                yield
         finally:
-            self.model.update(parameters)
-            if self.optimizer is not None:
-                held.clear()
-                held.update(opt_state)
-                self.optimizer.state = held  # and uninitialised, so that it fills in what it lacks
-            _random.set_key(key)
-            for block, cls in zip(self.blocks, classes):
-                block.__class__ = cls
+            undo()
             gc.collect()
 
     def set_modes(self, modes: Sequence[Any]) -> None:
         """Wrap each block as its mode says: :data:`PLAIN`, or checkpointed with that policy."""
-        for block, mode in zip(self.blocks, modes):
+        for block, mode in zip(self.blocks, modes, strict=True):
             plain = isinstance(mode, str) and mode == PLAIN
-            checkpoint_module(block, enable=not plain, policy=None if plain else mode)
+            nv_nn.checkpoint_module(block, enable=not plain, policy=None if plain else mode)
 
-    def _step(self) -> Callable:
-        vg = value_and_grad(self.model, self.loss_fn)
-        state: list = [self.model.state, mx.random.state]
-        if self.optimizer is not None:
-            state.append(self.optimizer.state)
-
-        def step(*batch: Any) -> Any:
-            loss, grads = vg(self.model, *batch)
-            if self.optimizer is None:
-                return loss, grads
-            update(self.optimizer, self.model, grads)
-            return loss
-
-        if self.compiled:
-            return nv_compile(step, inputs=state, outputs=state), state
-        return step, state
-
-    def measure(self, batch: Any, steps: int = 2, as_run: bool = False) -> list[Reading]:
+    def measure(self, batch: Any, steps: int = 2, as_run: bool = False) -> list[StepReading]:
         """Run ``steps`` steps on ``batch`` (a fresh trace: the modes may have changed); their readings.
 
         Every step starts from the same parameters, optimizer state and random
@@ -128,64 +121,62 @@ class Trial:
 
         Each step is read after every stage, and a reading calls
         :func:`mlx.core.synchronize`, which on CUDA also waits for MLX's worker
-        to free the stage's buffers; :func:`nuvec_mlx.eval` alone goes on to the
-        next stage without that wait, so an observed step can peak lower than
-        the step as it runs. With ``as_run``, one more step runs unobserved,
-        and every reading's peak is at least that step's.
+        to free the stage's buffers; the user's step goes on to the next stage
+        without that wait (unless it synchronizes), so an observed step can
+        peak lower than the step as it runs. With ``as_run``, one more step
+        runs unobserved, with the step's own settings, and every reading's peak
+        is at least that step's.
         """
         readings = []
-        with self._fresh(batch) as (step, state, undo):
+        with self._fresh(batch) as (run, undo):
             for _ in range(steps):
                 held = self._copies()
                 with memory.measure() as m, memory.timeline() as t:
                     begin = time.perf_counter()
-                    out = step()
-                    nv_eval(out, state)
+                    run()
                     mx.synchronize()
                     seconds = time.perf_counter() - begin
-                del out
                 undo()
                 stages = [dataclasses.replace(r, active=r.active - held, peak=r.peak - held) for r in t.readings]
-                readings.append(Reading(m.start - held, max(r.peak for r in stages), seconds, stages))
+                readings.append(StepReading(m.start - held, max(r.peak for r in stages), seconds, stages))
             if as_run:
                 held = self._copies()
                 with memory.measure() as m:
-                    nv_eval(step(), state, synchronize=self.synchronize)
+                    run()
                 undo()
-                readings = [dataclasses.replace(r, peak=max(r.peak, m.start - held + m.peak)) for r in readings]
+                readings = [dataclasses.replace(r, peak=max(r.peak, m.start - held + m.rise)) for r in readings]
         return readings
 
     def time(self, batch: Any, steps: int = 3) -> float:
         """The median seconds of ``steps`` steps on ``batch``, run as a training loop runs them.
 
         After one step that traces and compiles, each step is timed from its
-        call to the end of :func:`nuvec_mlx.eval` and :func:`mlx.core.synchronize`,
-        unobserved and with MLX's buffer cache kept (as between a loop's steps),
-        and put back after. :meth:`measure`'s steps clear the cache and
+        call to the end of its evaluation and :func:`mlx.core.synchronize`,
+        unobserved and with MLX's buffer cache kept (as between a loop's
+        steps), and put back after. :meth:`measure`'s steps clear the cache and
         synchronize after every stage, which costs each step in proportion to
         the memory and stages it has: fine for peaks, not for comparing times.
         """
         seconds = []
-        with self._fresh(batch) as (step, state, undo):
+        with self._fresh(batch) as (run, undo):
             for _ in range(steps + 1):
                 self._copies()
                 begin = time.perf_counter()
-                nv_eval(step(), state, synchronize=self.synchronize)
+                run()
                 mx.synchronize()
                 seconds.append(time.perf_counter() - begin)
                 undo()
         return statistics.median(seconds[1:])
 
     @contextlib.contextmanager
-    def _fresh(self, batch: Any) -> Iterator[tuple[Callable[[], Any], list, Callable[[], None]]]:
-        """A freshly traced step on ``batch`` (a call of no arguments), the state it updates, and
-        what puts that state back as it was here; it is put back on leaving, also on an error."""
+    def _fresh(self, batch: Any) -> Iterator[tuple[Callable[[], Any], Callable[[], None]]]:
+        """A fresh step on ``batch`` (a call of no arguments; traced at its first call), and what puts
+        its state back as it was here; it is put back on leaving, also on an error."""
         gc.collect()  # arrays held only by reference cycles (of earlier steps, of the caller) go first
-        step, state = self._step()
-        args = as_batch(batch)
-        undo = _pytree.snapshot(state)
+        step, args = self.step.replace(), as_batch(batch)
+        undo = step.snapshot()
         try:
-            yield (lambda: step(*args)), state, undo
+            yield (lambda: step(*args)), undo
         finally:
             undo()
 

@@ -17,12 +17,12 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import mlx.nn as nn
-import mlx.optimizers as optim
 from tqdm import tqdm
 
-from .. import _validate, policies
+from .. import _validate
 from ..nn import find_layers
+from ..policies import save_nothing
+from ..step import TrainingStep
 from . import _trial
 
 MiB = 1 << 20
@@ -47,10 +47,12 @@ class Fit:
     peaks: list[tuple[int, int]]
 
     def __str__(self) -> str:
-        lines = [f"largest size that fits {self.budget / MiB:.1f} MiB: {self.size} "
-                 f"(first extrapolation {self.predicted}; "
-                 + (f"{self.below} measured not to fit)" if self.below else "no size measured not to fit)"),
-                 f"{'size':>8} {'peak MiB':>9} fits"]
+        lines = [
+            f"largest size that fits {self.budget / MiB:.1f} MiB: {self.size} "
+            f"(first extrapolation {self.predicted}; "
+            + (f"{self.below} measured not to fit)" if self.below else "no size measured not to fit)"),
+            f"{'size':>8} {'peak MiB':>9} fits",
+        ]
         lines += [f"{s:>8} {p / MiB:>9.1f} {'yes' if p <= self.budget else 'no'}" for s, p in self.peaks]
         return "\n".join(lines)
 
@@ -95,66 +97,69 @@ def solve(points: Sequence[tuple[int, int]], budget: int, multiple: int) -> int:
     return lo // multiple * multiple
 
 
-def largest_fit(
-    model: nn.Module,
-    loss_fn: Callable,
-    make_batch: Callable[[int], Any],
-    budget: int,
-    *,
-    sizes: Sequence[int] = (1, 2, 4),
-    multiple: int = 1,
-    optimizer: optim.Optimizer | None = None,
-    layers: Any = None,
-    checkpoint: bool = True,
-    compile: bool = True,
-    tolerance: float = 0.02,
-    tries: int = 6,
-    progress: bool = True,
-) -> Fit:
+def largest_fit(step: TrainingStep, *args: Any, **kwargs: Any) -> Fit:
     """The largest batch or sequence length (``size``) whose training step fits ``budget``.
 
-    The step is :func:`nuvec_mlx.plan`'s: the loss and gradients of
-    ``model``'s trainable parameters and the optimizer's update if given,
-    compiled, evaluated with :func:`nuvec_mlx.eval`; with ``checkpoint`` (the
-    default) every block is checkpointed (policy ``save_nothing``), about the
-    smallest peak any plan reaches, so the answer is the largest size worth
-    planning for (run :func:`nuvec_mlx.plan` at it for the cheapest plan). The
-    model, the optimizer and MLX's random key are left as they were.
+    ``largest_fit(step, make_batch, budget, *, sizes=(1, 2, 4), multiple=1,
+    layers=None, checkpoint=True, tolerance=0.02, tries=6, progress=True)``.
+    The step is the user's (:class:`nuvec_mlx.TrainingStep`, with its own
+    settings); with ``checkpoint`` (the default) every block is checkpointed
+    (policy ``save_nothing``), about the smallest peak any plan reaches, so
+    the answer is the largest size worth planning for (run
+    :func:`nuvec_mlx.plan` at it for the cheapest plan). The model, the
+    optimizer and MLX's random key are left as they were. The form before
+    :class:`nuvec_mlx.TrainingStep`, ``largest_fit(model, loss_fn,
+    make_batch, budget, optimizer=, compile=, ...)``, still works and warns.
 
     Args:
-        model, loss_fn, optimizer, layers, compile, progress: as for :func:`nuvec_mlx.plan`.
+        step: the training step.
         make_batch: ``size -> batch`` (the loss's arguments after the model).
         budget: bytes of MLX memory the step may peak at.
         sizes: the small sizes measured first (at least two, increasing).
         multiple: the answer is a multiple of it (a sequence length of 64s, say).
+        layers: the blocks; ``None`` for ``model.layers`` or ``model.model.layers``.
         checkpoint: measure with every block checkpointed; ``False`` measures the model as it is.
         tolerance: stop once the largest size measured to fit is within this
             fraction of the smallest measured not to.
         tries: the most measurements after ``sizes``.
+        progress: show a progress bar.
 
     Returns:
         A :class:`Fit`; ``print(fit)`` lists every size measured.
 
     Example:
-        >>> fit = nv.largest_fit(model, loss_fn, lambda t: tokens[:, : t + 1], 12 << 30,
+        >>> fit = nv.largest_fit(step, lambda t: (tokens[:, : t + 1],), 12 << 30,
         ...                      sizes=(256, 512, 1024), multiple=64)
         >>> fit.size
     """
-    _validate.check_module(model, "model")
-    _validate.check_callable(loss_fn, "loss_fn")
+    step, args, kwargs = _trial.as_step(step, args, kwargs, "nv.largest_fit")
+    return _largest_fit(step, *args, **kwargs)
+
+
+def _largest_fit(
+    step: TrainingStep,
+    make_batch: Callable[[int], Any],
+    budget: int,
+    *,
+    sizes: Sequence[int] = (1, 2, 4),
+    multiple: int = 1,
+    layers: Any = None,
+    checkpoint: bool = True,
+    tolerance: float = 0.02,
+    tries: int = 6,
+    progress: bool = True,
+) -> Fit:
     _validate.check_callable(make_batch, "make_batch")
     _validate.check_int(budget, "budget", minimum=1)
     _check_sizes(sizes)
     _validate.check_int(multiple, "multiple", minimum=1)
-    _validate.check_optimizer(optimizer, "optimizer", allow_none=True)
     _validate.check_bool(checkpoint, "checkpoint")
-    _validate.check_bool(compile, "compile")
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 < tolerance < 1:
         raise ValueError(f"tolerance must be a number between 0 and 1, got {tolerance!r}")
     _validate.check_int(tries, "tries", minimum=1)
     _validate.check_bool(progress, "progress")
-    blocks = find_layers(model, layers)
-    trial = _trial.Trial(model, loss_fn, blocks, optimizer, compile)
+    blocks = find_layers(step.model, layers)
+    trial = _trial.Trial(step, blocks)
     peaks: list[tuple[int, int]] = []
 
     def peak(size: int) -> int:
@@ -163,10 +168,12 @@ def largest_fit(
         bar.update()
         return peaks[-1][1]
 
-    with trial.restoring(), tqdm(total=len(sizes) + tries, desc="nv.largest_fit", unit="size",
-                                 disable=not progress) as bar:
+    with (
+        trial.restoring(),
+        tqdm(total=len(sizes) + tries, desc="nv.largest_fit", unit="size", disable=not progress) as bar,
+    ):
         if checkpoint:
-            trial.set_modes([policies.save_nothing] * len(blocks))
+            trial.set_modes([save_nothing] * len(blocks))
         for s in sizes:
             peak(s)
         fit = max((s for s, p in peaks if p <= budget), default=0)

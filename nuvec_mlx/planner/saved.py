@@ -37,18 +37,35 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-import mlx.optimizers as optim
 from mlx.utils import tree_flatten
 
-from .. import _policies, _pytree, _saving, _validate, policies
-from ..nn import checkpoint_module, find_layers
+from .. import _policies, _pytree, _saving, _validate
+from .. import nn as nv_nn
+from ..nn import find_layers
+from ..policies import Policy, save_everything, save_nothing
+from ..step import TrainingStep
 from . import _trial
 
 MiB = 1 << 20
 
 #: Primitives whose output shares its input's buffer (MLX makes them views when it can).
-VIEWS = frozenset({"Reshape", "Transpose", "ExpandDims", "Squeeze", "Slice", "Split", "Broadcast",
-                   "BroadcastAxes", "AsStrided", "Flatten", "Unflatten", "StopGradient", "Depends"})
+VIEWS = frozenset(
+    {
+        "Reshape",
+        "Transpose",
+        "ExpandDims",
+        "Squeeze",
+        "Slice",
+        "Split",
+        "Broadcast",
+        "BroadcastAxes",
+        "AsStrided",
+        "Flatten",
+        "Unflatten",
+        "StopGradient",
+        "Depends",
+    }
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,21 +134,26 @@ class SavedActivations:
         for b in self.blocks:
             head = f"block {b.index} ({b.name}, {b.kind}), outputs {_mib(b.outputs)}"
             if b.measured_unchecked is not None:
-                head += (f"; measured between its stages: {_mib(b.measured_unchecked)} unchecked, "
-                         f"{_mib(b.measured_checkpointed)} checkpointed (outputs included)")
+                head += (
+                    f"; measured between its stages: {_mib(b.measured_unchecked)} unchecked, "
+                    f"{_mib(b.measured_checkpointed)} checkpointed (outputs included)"
+                )
             lines += [head]
             if b.unchecked is None:
                 lines.append(f"  unchecked: not listed ({b.error})")
             else:
                 lines.append(f"  unchecked: {len(b.unchecked)} arrays, {_mib(b.total(b.unchecked))}")
                 lines += _rows(b.unchecked)
-            lines.append(f"  checkpointed ({self.policy}): {len(b.checkpointed)} arrays, "
-                         f"{_mib(b.total(b.checkpointed))}")
+            lines.append(
+                f"  checkpointed ({self.policy}): {len(b.checkpointed)} arrays, {_mib(b.total(b.checkpointed))}"
+            )
             lines += _rows(b.checkpointed)
         unchecked = [b.total(b.unchecked) for b in self.blocks]
         if None not in unchecked:
-            lines.append(f"all blocks: {_mib(sum(unchecked))} unchecked, "
-                         f"{_mib(sum(b.total(b.checkpointed) for b in self.blocks))} checkpointed ({self.policy})")
+            lines.append(
+                f"all blocks: {_mib(sum(unchecked))} unchecked, "
+                f"{_mib(sum(b.total(b.checkpointed) for b in self.blocks))} checkpointed ({self.policy})"
+            )
         return "\n".join(lines)
 
 
@@ -185,8 +207,11 @@ def residuals(events: Sequence[dict], outputs: int, arguments: set[str], weights
     saved: list[str] = []
     for e in order:
         if id(e) not in forward:
-            saved += [n for n, *_ in e["inputs"] if n not in saved
-                      and ((n in made and id(made[n]) in forward) or n in arguments)]
+            saved += [
+                n
+                for n, *_ in e["inputs"]
+                if n not in saved and ((n in made and id(made[n]) in forward) or n in arguments)
+            ]
 
     def base(name: str) -> str:
         while name in made and made[name]["name"] in VIEWS and made[name]["inputs"]:
@@ -203,8 +228,16 @@ def residuals(events: Sequence[dict], outputs: int, arguments: set[str], weights
             continue
         shape, dtype = known[name]
         view = root != name
-        result.append(Saved(shape, _dtype_name(dtype), _nbytes(*known[root]), maker(name),
-                            maker(root) if view else None, root in counted))
+        result.append(
+            Saved(
+                shape,
+                _dtype_name(dtype),
+                _nbytes(*known[root]),
+                maker(name),
+                maker(root) if view else None,
+                root in counted,
+            )
+        )
         counted.add(root)
     return result
 
@@ -224,11 +257,12 @@ def _export(block: nn.Module, args: tuple, kwargs: dict) -> tuple[list[Saved], i
         def exporting(xs: list[mx.array]) -> list[mx.array]:
             outs = flat(xs)
             # The block's floating arguments and trainable parameters are differentiated, as in a step.
-            diff = [i for i, x in enumerate(xs) if _validate.is_differentiable(x)
-                    and (i < n_args or id(x) in trainable)]
+            diff = [
+                i for i, x in enumerate(xs) if _validate.is_differentiable(x) and (i < n_args or id(x) in trainable)
+            ]
 
             def graph(*inputs: mx.array) -> list[mx.array]:
-                primals, cotangents = list(inputs[: len(xs)]), list(inputs[len(xs):])
+                primals, cotangents = list(inputs[: len(xs)]), list(inputs[len(xs) :])
 
                 def forward(*d: mx.array) -> list[mx.array]:
                     return flat(_pytree.substitute(primals, diff, d))
@@ -239,8 +273,9 @@ def _export(block: nn.Module, args: tuple, kwargs: dict) -> tuple[list[Saved], i
             events: list[dict] = []
             mx.export_function(events.append, graph, *xs, *[mx.zeros(o.shape, o.dtype) for o in outs])
             names = [name for e in events if e["type"] == "inputs" for name, *_ in e["inputs"]]
-            found.append((events, len(outs), set(names[:n_args]), set(names[n_args: len(xs)]),
-                          sum(o.nbytes for o in outs)))
+            found.append(
+                (events, len(outs), set(names[:n_args]), set(names[n_args : len(xs)]), sum(o.nbytes for o in outs))
+            )
             return outs
 
         return exporting
@@ -256,8 +291,11 @@ def _export(block: nn.Module, args: tuple, kwargs: dict) -> tuple[list[Saved], i
 def _kept(block: nn.Module, args: tuple, kwargs: dict, policy: Callable | None) -> list[Saved]:
     """What ``block`` keeps checkpointed with ``policy``: its array arguments and the policy's values."""
     arrays = [a for _, a in tree_flatten((list(args), kwargs)) if isinstance(a, mx.array)]
-    kept = [Saved(tuple(a.shape), _dtype_name(a.dtype), a.nbytes, "argument") for a in arrays
-            if _validate.is_differentiable(a)]
+    kept = [
+        Saved(tuple(a.shape), _dtype_name(a.dtype), a.nbytes, "argument")
+        for a in arrays
+        if _validate.is_differentiable(a)
+    ]
     if policy is None or _policies.recomputes_nothing(policy):
         return kept
     record = _saving.Record(policy)
@@ -280,6 +318,7 @@ def _calls(model: nn.Module, loss_fn: Callable, batch: tuple, blocks: Sequence[n
             if calls[j] is None:
                 calls[j] = (args, kwargs)
             return cls.__call__(self, *args, **kwargs)
+
         return type(cls.__name__, (cls,), {"__call__": __call__})
 
     try:
@@ -295,74 +334,80 @@ def _calls(model: nn.Module, loss_fn: Callable, batch: tuple, blocks: Sequence[n
     return calls
 
 
-def saved_activations(
-    model: nn.Module,
-    loss_fn: Callable,
-    batch: Any,
-    *,
-    policy: Callable | None = None,
-    layers: Any = None,
-    measure: bool = False,
-    optimizer: optim.Optimizer | None = None,
-    compile: bool = True,
-) -> SavedActivations:
+def saved_activations(step: TrainingStep, *args: Any, **kwargs: Any) -> SavedActivations:
     """Per block, the arrays a step keeps for its backward pass, unchecked and checkpointed.
 
-    Nothing is evaluated (unless ``measure``), and the model is left as it
-    was. See the module's description for how the arrays are found and what
-    the report cannot see.
+    ``saved_activations(step, batch, *, policy=None, layers=None,
+    measure=False)``. Nothing is evaluated (unless ``measure``), and the model
+    is left as it was. See the module's description for how the arrays are
+    found and what the report cannot see. The form before
+    :class:`nuvec_mlx.TrainingStep`, ``saved_activations(model, loss_fn,
+    batch, optimizer=, compile=, ...)``, still works and warns.
 
     Args:
-        model, loss_fn, batch, layers: as for :func:`nuvec_mlx.plan`.
+        step: the training step (:class:`nuvec_mlx.TrainingStep`).
+        batch: the loss's arguments after the model: an array, or a tuple of them.
         policy: the checkpoint policy of the "checkpointed" column
             (:mod:`nuvec_mlx.policies`); ``None`` keeps nothing.
+        layers: the blocks; ``None`` for ``model.layers`` or ``model.model.layers``.
         measure: also run two staged steps (every block ``save_everything``,
             then checkpointed with ``policy``) and read what each block kept
             between its stages, measured (outputs included).
-        optimizer, compile: the measured steps' (as for :func:`nuvec_mlx.plan`).
 
     Returns:
         A :class:`SavedActivations`: ``print()`` it, or ``save_json`` it.
 
     Example:
-        >>> print(nv.saved_activations(model, loss_fn, (x, y), policy=nv.policies.save_matmuls))
+        >>> print(nv.saved_activations(step, (x, y), policy=nv.policies.save_matmuls))
     """
-    _validate.check_module(model, "model")
-    _validate.check_callable(loss_fn, "loss_fn")
+    step, args, kwargs = _trial.as_step(step, args, kwargs, "nv.saved_activations")
+    return _saved_activations(step, *args, **kwargs)
+
+
+def _saved_activations(
+    step: TrainingStep, batch: Any, *, policy: Policy | None = None, layers: Any = None, measure: bool = False
+) -> SavedActivations:
+    _trial.check_batch(batch)
     policy = _policies.check_policy(policy)
     _validate.check_bool(measure, "measure")
+    model, loss_fn = step.model, step.loss_fn
     blocks = find_layers(model, layers)
     args = _trial.as_batch(batch)
     names = {id(m): p for p, m in model.named_modules()}
-    classes = [type(b) for b in blocks]
     reports = []
-    try:
+    with nv_nn.restoring(blocks):
         for b in blocks:  # the unchecked blocks are what is exported
-            checkpoint_module(b, enable=False)
+            nv_nn.checkpoint_module(b, enable=False)
         calls = _calls(model, loss_fn, args, blocks)
-        for j, (b, (a, k)) in enumerate(zip(blocks, calls)):
+        for j, (b, (a, k)) in enumerate(zip(blocks, calls, strict=True)):
             try:
                 unchecked, out_bytes, error = *_export(b, a, k), None
             except (ValueError, RuntimeError) as e:
                 unchecked, error = None, str(e).splitlines()[0]
                 out_bytes = sum(o.nbytes for _, o in tree_flatten(b(*a, **k)) if isinstance(o, mx.array))
-            reports.append(BlockReport(j, names.get(id(b), f"block {j}"), type(b).__name__, out_bytes,
-                                       unchecked, _kept(b, a, k, policy), error))
-    finally:
-        for b, cls in zip(blocks, classes):
-            b.__class__ = cls
+            reports.append(
+                BlockReport(
+                    j,
+                    names.get(id(b), f"block {j}"),
+                    type(b).__name__,
+                    out_bytes,
+                    unchecked,
+                    _kept(b, a, k, policy),
+                    error,
+                )
+            )
     if measure:
-        _measure(reports, model, loss_fn, batch, blocks, policy, optimizer, compile)
-    return SavedActivations(reports, _policies.name_of(policy or policies.save_nothing))
+        _measure(reports, step, batch, blocks, policy)
+    return SavedActivations(reports, _policies.name_of(policy or save_nothing))
 
 
-def _measure(reports: list[BlockReport], model: nn.Module, loss_fn: Callable, batch: Any,
-             blocks: Sequence[nn.Module], policy: Callable | None, optimizer: optim.Optimizer | None,
-             compile: bool) -> None:
+def _measure(
+    reports: list[BlockReport], step: TrainingStep, batch: Any, blocks: Sequence[nn.Module], policy: Policy | None
+) -> None:
     """Fill in what each block kept between its forward stages, measured, in both modes."""
-    trial = _trial.Trial(model, loss_fn, blocks, optimizer, compile)
+    trial = _trial.Trial(step, blocks)
     with trial.restoring():
-        for mode, field in ((policies.save_everything, "measured_unchecked"), (policy, "measured_checkpointed")):
+        for mode, field in ((save_everything, "measured_unchecked"), (policy, "measured_checkpointed")):
             trial.set_modes([mode] * len(blocks))
             reading = trial.measure(batch)[-1]
             held = [reading.start] + [r.active for r in reading.stages if r.kind == "forward"]

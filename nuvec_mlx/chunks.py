@@ -1,0 +1,339 @@
+"""Chunked checkpoints: a function computed chunk by chunk along an axis, each chunk recomputed in the backward.
+
+Some computations of a step are large along the sequence and split cleanly
+along it: the loss head (batch x tokens x vocabulary logits) and attention's
+scores (tokens x tokens). A block checkpoint keeps them whole while its
+backward pass runs. :func:`checkpoint_chunks` computes such a function in
+chunks of ``size`` along an axis: the forward keeps no chunk's intermediates;
+the backward recomputes the chunks one at a time, last first, each chunk's
+recomputation reading its inputs through the gradients of the chunk after it
+(so the evaluator cannot start it early), and each chunk is a stage of
+:func:`nuvec_mlx.eval` (forward and backward), so that one chunk's
+intermediates are alive at a time. The gradients of inputs every chunk reads
+whole (weights, attention's keys) are summed as the chunks go, not kept per
+chunk.
+
+The chunked custom function has ``vjp`` (that recomputation), ``jvp`` (forward
+mode, chunk by chunk) and ``vmap`` rules, so every transform goes through it,
+also nested inside checkpointed blocks and under :func:`nuvec_mlx.compile`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import mlx.core as mx
+
+from . import _constants, _depends, _marks, _pytree, _random, _validate
+
+#: ``out_axes`` for an output summed over the chunks (a loss), not concatenated.
+SUM = "sum"
+
+FlatChunkFn = Callable[[list[mx.array], slice], Sequence[mx.array]]
+
+# The chunk's slice along the axis, while a chunk of a pytree function runs (see slice_arg).
+_slice: contextvars.ContextVar[slice | None] = contextvars.ContextVar("nuvec_mlx_chunk_slice", default=None)
+
+
+def _take(x: mx.array, axis: int, bounds: slice) -> mx.array:
+    index = [slice(None)] * x.ndim
+    index[axis] = bounds
+    return x[tuple(index)]
+
+
+class _Call:
+    """One call of a chunked function: its inputs, its chunks, and the rules ``mx.custom_function`` runs.
+
+    Args:
+        fn: ``fn(chunk_inputs, bounds) -> outputs`` for one chunk.
+        xs: every input.
+        axes: per input, the axis it is split along (non-negative), or ``None`` (read whole).
+        size: the chunk length.
+        out_axes: per output, the axis chunks are concatenated along, or :data:`SUM`.
+        captured: ``"differentiate"`` or ``"constant"`` (see :func:`checkpoint_chunks`).
+    """
+
+    def __init__(
+        self,
+        fn: FlatChunkFn,
+        xs: list[mx.array],
+        axes: list[int | None],
+        size: int,
+        out_axes: int | str | Sequence[int | str],
+        captured: str,
+    ):
+        self.fn, self.xs, self.axes, self.out_axes_spec, self.captured = fn, xs, axes, out_axes, captured
+        lengths = {x.shape[a] for x, a in zip(xs, axes, strict=True) if a is not None}
+        if len(lengths) != 1:
+            shapes = [(tuple(x.shape), a) for x, a in zip(xs, axes, strict=True) if a is not None]
+            raise ValueError(
+                "checkpoint_chunks: the inputs split into chunks must have one length along their axes "
+                f"(in_axes), got (shape, axis) {shapes}"
+            )
+        n = lengths.pop()
+        self.chunks = [slice(s, min(s + size, n)) for s in range(0, n, size)]
+        self.diff = [i for i, x in enumerate(xs) if _validate.is_differentiable(x)]
+        self.wanted = [i for i in self.diff if not _constants.is_constant(xs[i])]
+        self.keys: list[mx.array] = []  # each chunk's random key in the forward, replayed by its recomputation
+        self.out_axes: list[int | str] = []
+        self.starts: list[list[int]] = []  # per chunk, where its part of each concatenated output starts
+        self.graph: list[mx.array] = []
+
+    def run(self, xs: Sequence[mx.array], c: int) -> list[mx.array]:
+        """Chunk ``c`` of ``fn``, on the chunk's inputs cut from ``xs``."""
+        bounds = self.chunks[c]
+        part = [x if a is None else _take(x, a, bounds) for x, a in zip(xs, self.axes, strict=True)]
+        return self.run_part(part, c)
+
+    def run_part(self, part: Sequence[mx.array], c: int) -> list[mx.array]:
+        return _validate.check_outputs(self.fn(list(part), self.chunks[c]), self.fn)
+
+    def forward(self, xs: list[mx.array]) -> list[mx.array]:
+        stopped = [mx.stop_gradient(x) for x in xs]
+        outs = []
+        for c in range(len(self.chunks)):
+            self.keys.append(_random.key())
+            outs.append(_marks.mark(self.run(stopped, c), _marks.CHUNK))
+        self.out_axes = self._out_axes(outs[0])
+        ends = [0] * len(self.out_axes)
+        for out in outs:
+            self.starts.append(list(ends))
+            ends = [e + (o.shape[a] if a != SUM else 0) for e, o, a in zip(ends, out, self.out_axes, strict=True)]
+        self.graph = self._combine(outs)
+        return self.graph
+
+    def _out_axes(self, out: Sequence[mx.array]) -> list[int | str]:
+        spec = self.out_axes_spec
+        axes = list(spec) if isinstance(spec, (list, tuple)) else [spec] * len(out)
+        if len(axes) != len(out):
+            raise ValueError(f"checkpoint_chunks: out_axes names {len(axes)} outputs, fn returned {len(out)}")
+        normal: list[int | str] = []
+        for a, o in zip(axes, out, strict=True):
+            if a == SUM:
+                normal.append(SUM)
+            elif not -o.ndim <= a < o.ndim:  # type: ignore[operator]
+                raise ValueError(f"checkpoint_chunks: out_axes {a} is out of range for an output of shape {o.shape}")
+            else:
+                normal.append(a % o.ndim)  # type: ignore[operator]
+        return normal
+
+    def _combine(self, outs: list[list[mx.array]]) -> list[mx.array]:
+        return [
+            functools.reduce(mx.add, parts) if a == SUM else mx.concatenate(list(parts), axis=a)
+            for a, parts in zip(self.out_axes, zip(*outs), strict=True)
+        ]
+
+    def _cotangents(self, cotangents: Sequence[mx.array], c: int) -> list[mx.array]:
+        """Chunk ``c``'s share of the outputs' cotangents: a slice, or the whole for a sum."""
+        out = []
+        for k, (a, cot) in enumerate(zip(self.out_axes, cotangents, strict=True)):
+            if a == SUM:
+                out.append(cot)
+            else:
+                stop = self.starts[c + 1][k] if c + 1 < len(self.starts) else cot.shape[a]  # type: ignore[index]
+                out.append(_take(cot, a, slice(self.starts[c][k], stop)))  # type: ignore[arg-type]
+        return out
+
+    def backward(self, primals: list[mx.array], cotangents: Sequence[mx.array], outputs: Any) -> list[mx.array]:
+        zeros = [mx.zeros_like(p) for p in primals]
+        if not self.wanted:
+            return zeros
+        cotangents = list(cotangents)
+        pieces: dict[int, list[mx.array]] = {i: [] for i in self.wanted if self.axes[i] is not None}
+        summed: dict[int, mx.array] = {}
+        after = cotangents  # what the next chunk's recomputation waits for
+        for c in reversed(range(len(self.chunks))):
+            xs = _depends.depends(primals, after)
+            key = _depends.depends([self.keys[c]], after)[0]
+            part = [x if a is None else _take(x, a, self.chunks[c]) for x, a in zip(xs, self.axes, strict=True)]
+
+            def recompute(*wanted: mx.array, part: list[mx.array] = part, key: mx.array = key, c: int = c) -> list:
+                with _random.drawing_from(key):
+                    return self.run_part(_pytree.substitute(part, self.wanted, wanted), c)
+
+            grads = mx.vjp(recompute, [part[i] for i in self.wanted], self._cotangents(cotangents, c))[1]
+            for i, g in zip(self.wanted, grads, strict=True):
+                if i in pieces:
+                    pieces[i].append(g)
+                else:
+                    summed[i] = g if i not in summed else summed[i] + g
+            order = [*pieces, *summed]
+            done = _marks.finished([pieces[i][-1] if i in pieces else summed[i] for i in order], _marks.CHUNK)
+            for i, g in zip(order, done, strict=True):
+                if i in pieces:
+                    pieces[i][-1] = g
+                else:
+                    summed[i] = g
+            after = done
+        grads = list(zeros)
+        for i, parts in pieces.items():
+            grads[i] = mx.concatenate(parts[::-1], axis=self.axes[i])  # type: ignore[arg-type]
+        for i, g in summed.items():
+            grads[i] = g
+        return grads
+
+    def jvp(self, primals: list[mx.array], tangents: list[mx.array | None]) -> list[mx.array]:
+        """Forward mode needs no checkpoint: the tangents chunk by chunk, with the forward's draws."""
+        tangents = [mx.zeros_like(p) if t is None else t for p, t in zip(primals, tangents, strict=True)]
+        outs = []
+        for c in range(len(self.chunks)):
+            with _random.drawing_from(self.keys[c]):
+                outs.append(mx.jvp(lambda *xs, c=c: self.run(xs, c), primals, tangents)[1])
+        return self._combine(outs)
+
+    def vmap(self, xs: list[mx.array], axes: list[int | None]) -> tuple[list[mx.array], list[int]]:
+        """The batched function, chunked in turn (the batch axis first), with the forward's draws."""
+        xs = [x if a is None else mx.moveaxis(x, a, 0) for x, a in zip(xs, axes, strict=True)]
+        batched = [a is not None for a in axes]
+        split = [None if s is None else s + b for s, b in zip(self.axes, batched, strict=True)]
+        in_axes = tuple(0 if b else None for b in batched)
+
+        def fn(part: list[mx.array], bounds: slice) -> list[mx.array]:
+            return mx.vmap(lambda *ys: self.fn(list(ys), bounds), in_axes=in_axes)(*part)
+
+        out_axes = [SUM if a == SUM else a + 1 for a in self.out_axes]  # type: ignore[operator]
+        keys = iter(self.keys)
+        with _random.drawing_from(next(keys)):
+            out = _checkpointed(fn, xs, split, self.chunks[0].stop - self.chunks[0].start, out_axes, self.captured)
+        return out, [0] * len(out)
+
+
+def _checkpointed(
+    fn: FlatChunkFn,
+    xs: list[mx.array],
+    axes: list[int | None],
+    size: int,
+    out_axes: int | str | Sequence[int | str],
+    captured: str,
+) -> list[mx.array]:
+    """``fn`` over ``xs`` in chunks, each checkpointed and staged."""
+    call = _Call(fn, xs, axes, size, out_axes, captured)
+    if not call.diff:
+        return call._combine([call.run(xs, c) for c in range(len(call.chunks))]) if call.chunks else []
+    chunked = mx.custom_function(call.forward)
+    chunked.vjp(call.backward)
+    chunked.jvp(call.jvp)
+    chunked.vmap(call.vmap)
+    out = list(chunked(xs))
+    return out if captured == "constant" else _depends.also_into(out, call.graph)
+
+
+def _check_axes(spec: object, name: str) -> None:
+    items = spec if isinstance(spec, (list, tuple)) else [spec]
+    allowed = (None,) if name == "in_axes" else (SUM,)
+    for a in items:
+        if a not in allowed and (isinstance(a, bool) or not isinstance(a, int)):
+            what = "an int, 'sum', or a list of them" if name == "out_axes" else "an int, None, or a list of them"
+            raise TypeError(f"{name} must be {what}, got {a!r}")
+
+
+def checkpoint_chunks(
+    fn: Callable[..., Any] | None = None,
+    *,
+    size: int,
+    in_axes: int | None | Sequence[int | None] = 1,
+    out_axes: int | str | Sequence[int | str] = 1,
+    slice_arg: str | None = None,
+    captured: str = "differentiate",
+) -> Callable[..., Any]:
+    """Compute ``fn`` in chunks of ``size`` along an axis, each chunk checkpointed: one chunk's memory at a time.
+
+    ``fn`` is called once per chunk, with the chunk of each argument that
+    ``in_axes`` splits and the whole of the others; the chunks' outputs are
+    concatenated along ``out_axes``, or summed (``"sum"``). The forward keeps
+    no chunk's intermediates; the backward pass recomputes one chunk at a time,
+    last first, each a stage of :func:`nuvec_mlx.eval`, and sums the gradients
+    of the arguments read whole as it goes. Values and gradients are those of
+    the chunks computed one by one and combined: for a function that treats
+    positions along the axis independently (a loss summed over tokens,
+    attention by query), those of ``fn`` on the whole, up to the order of sums.
+    Modules ``fn`` reaches are handled as :func:`nuvec_mlx.checkpoint` handles
+    them (their trainable parameters differentiated, read whole by every
+    chunk). Usable as a decorator with its keyword arguments.
+
+    Args:
+        fn: the function, of arrays, modules, and pytrees of them.
+        size: the chunk length along the axis (the last chunk may be shorter).
+        in_axes: the axis each positional argument is split along (every
+            array in it), or ``None`` to pass it whole; an int or ``None`` for
+            all of them. Keyword arguments are passed whole.
+        out_axes: the axis along which each output's chunks are concatenated,
+            or ``"sum"`` to add them; one for all outputs or one per output array.
+        slice_arg: the name of a keyword argument through which ``fn`` receives
+            the chunk's ``slice(start, stop)`` along the axis (causal attention
+            reads the keys up to ``stop``); ``None`` passes none.
+        captured: ``"differentiate"`` (the default): arrays ``fn`` reads besides
+            its arguments and their modules are differentiated exactly, through
+            the forward's graph, which then stays whole until the backward
+            pass; ``"constant"``: they get no gradient.
+
+    Returns:
+        A function with the signature of ``fn``.
+
+    Example:
+        >>> def token_loss(h, targets):  # h: (batch, tokens, hidden)
+        ...     return nn.losses.cross_entropy(model.lm_head(h), targets, reduction="sum")
+        >>> total = nv.checkpoint_chunks(token_loss, size=256, out_axes="sum")(h, targets)
+    """
+    _validate.check_int(size, "size", minimum=1)
+    _check_axes(in_axes, "in_axes")
+    _check_axes(out_axes, "out_axes")
+    if slice_arg is not None and not (isinstance(slice_arg, str) and slice_arg.isidentifier()):
+        raise ValueError(f"slice_arg must be None or a keyword argument's name, got {slice_arg!r}")
+    if captured not in ("differentiate", "constant"):
+        raise ValueError(f"captured must be 'differentiate' or 'constant', got {captured!r}")
+    if fn is None:
+        return functools.partial(
+            checkpoint_chunks, size=size, in_axes=in_axes, out_axes=out_axes, slice_arg=slice_arg, captured=captured
+        )
+    _validate.check_callable(fn, "fn")
+    body = fn if slice_arg is None else _given_slice(fn, slice_arg)
+
+    @functools.wraps(fn)
+    def chunked(*args: Any, **kwargs: Any) -> Any:
+        spec = list(in_axes) if isinstance(in_axes, (list, tuple)) else [in_axes] * len(args)
+        if len(spec) != len(args):
+            raise ValueError(f"in_axes names {len(spec)} arguments, the call passed {len(args)}")
+        axes: list[int | None] = []
+        for arg, a in zip(args, spec, strict=True):
+            for x in _pytree.leaves(arg):
+                if isinstance(x, mx.array):
+                    axes.append(None if a is None else _axis(a, x))
+
+        def transform(flat: Callable[[list[mx.array]], list[mx.array]]) -> Callable[[list[mx.array]], list]:
+            def run(xs: Sequence[mx.array]) -> list[mx.array]:
+                full = axes + [None] * (len(xs) - len(axes))  # kwargs' and modules' arrays: whole
+
+                def one(part: list[mx.array], bounds: slice) -> list[mx.array]:
+                    token = _slice.set(bounds)
+                    try:
+                        return flat(part)
+                    finally:
+                        _slice.reset(token)
+
+                return _checkpointed(one, _validate.check_array_list(xs, "xs"), full, size, out_axes, captured)
+
+            return run
+
+        return _pytree.call_flat(transform, body, args, kwargs)
+
+    return chunked
+
+
+def _axis(axis: int, x: mx.array) -> int:
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"in_axes {axis} is out of range for an argument of shape {tuple(x.shape)}")
+    return axis % x.ndim
+
+
+def _given_slice(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``fn``, called with the running chunk's slice as keyword argument ``name``."""
+
+    @functools.wraps(fn)
+    def sliced(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **{name: _slice.get()}, **kwargs)
+
+    return sliced

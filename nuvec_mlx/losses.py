@@ -1,0 +1,112 @@
+"""Losses that never hold the whole loss head: the logits computed and differentiated in chunks of tokens.
+
+A language model's loss head turns the hidden states (batch x tokens x
+hidden) into logits (batch x tokens x vocabulary) and a cross-entropy over
+them; with today's vocabularies (128k to 262k tokens) the logits, their
+softmax and their gradient are the largest arrays of a fine-tuning step,
+larger than everything checkpointed blocks keep. :func:`cross_entropy`
+computes the head and the loss chunk by chunk along the tokens, each chunk a
+checkpoint of its own (:func:`nuvec_mlx.checkpoint_chunks`): one chunk's
+logits are alive at a time, in the forward and in the backward pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from . import _validate
+from .chunks import SUM, checkpoint_chunks
+
+#: A chunk's logits are at most this many times the bytes of all the hidden states (see :func:`head_chunk`).
+HEAD_RATIO = 8
+
+
+def head_chunk(tokens: int, hidden: int, vocabulary: int) -> int:
+    """The tokens per chunk of a loss head by default.
+
+    The head is split into ``ceil(vocabulary / (HEAD_RATIO x hidden))``
+    chunks, so that one chunk's logits (batch x chunk x vocabulary) take at
+    most :data:`HEAD_RATIO` times the bytes of all the hidden states (batch x
+    tokens x hidden): as much as a few checkpointed blocks keep, not the
+    vocabulary's multiple of it. The count depends on the model alone (about
+    19 chunks for Qwen3-0.6B, 8 for Llama-3.2-1B, 29 for Gemma-3-1B), so the
+    chunks grow with the sequence and their matrix products stay large.
+
+    Example:
+        >>> nv.losses.head_chunk(tokens=2048, hidden=2048, vocabulary=128256)
+        256
+    """
+    for value, name in ((tokens, "tokens"), (hidden, "hidden"), (vocabulary, "vocabulary")):
+        _validate.check_int(value, name, minimum=1)
+    count = math.ceil(vocabulary / (HEAD_RATIO * hidden))
+    return math.ceil(tokens / count)
+
+
+def cross_entropy(
+    head: Callable[[mx.array], mx.array],
+    hidden: mx.array,
+    targets: mx.array,
+    weights: mx.array | None = None,
+    *,
+    chunk: int | None = None,
+    label_smoothing: float = 0.0,
+    reduction: str = "mean",
+) -> mx.array:
+    """``nn.losses.cross_entropy(head(hidden), targets, ...)``, the logits computed in chunks of tokens.
+
+    The values and gradients are those of the unchunked loss, up to the order
+    of the sum over tokens: the sum (and the mean) is taken in float32, chunk
+    by chunk, as mlx-lm's losses sum in float32.
+
+    Args:
+        head: the loss head, hidden states to logits: a module or a bound method
+            of one (``model.lm_head``, ``model.model.embed_tokens.as_linear``).
+            Every module it reaches is an input of each chunk, differentiated
+            when trainable: pass the head itself, not a function of the whole model.
+        hidden: the hidden states, ``(batch, tokens, hidden)``.
+        targets: the target ids, ``(batch, tokens)``.
+        weights: per-token weights (a mask), ``(batch, tokens)``, or ``None``.
+        chunk: tokens per chunk; ``None`` for :func:`head_chunk`.
+        label_smoothing: as for :func:`mlx.nn.losses.cross_entropy`.
+        reduction: ``"mean"`` (over every token, as MLX's), ``"sum"``, or
+            ``"none"`` (per-token losses, ``(batch, tokens)``).
+
+    Returns:
+        The loss.
+
+    Example:
+        >>> h = model.model(inputs)  # the hidden states
+        >>> loss = nv.losses.cross_entropy(model.lm_head, h, targets, weights=mask, reduction="sum")
+    """
+    _validate.check_callable(head, "head")
+    for value, name, ndim in ((hidden, "hidden", 3), (targets, "targets", 2)):
+        if not isinstance(value, mx.array) or value.ndim != ndim:
+            raise TypeError(f"{name} must be an mlx.core.array of {ndim} dimensions, got {_describe(value)}")
+    if weights is not None and (not isinstance(weights, mx.array) or weights.shape != targets.shape):
+        raise ValueError(
+            f"weights must be None or an array of targets' shape {targets.shape}, got {_describe(weights)}"
+        )
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if chunk is None:
+        vocabulary = head(hidden[:, :1]).shape[-1]  # built lazily, never evaluated
+        chunk = head_chunk(hidden.shape[1], hidden.shape[2], vocabulary)
+    _validate.check_int(chunk, "chunk", minimum=1)
+
+    def part(h: mx.array, t: mx.array, w: mx.array | None) -> mx.array:
+        ce = nn.losses.cross_entropy(head(h), t, weights=w, label_smoothing=label_smoothing)
+        return ce if reduction == "none" else ce.astype(mx.float32).sum()
+
+    out = checkpoint_chunks(
+        part, size=chunk, in_axes=(1, 1, None if weights is None else 1), out_axes=1 if reduction == "none" else SUM
+    )(hidden, targets, weights)
+    return out / targets.size if reduction == "mean" else out
+
+
+def _describe(value: Any) -> str:
+    return f"shape {tuple(value.shape)}" if isinstance(value, mx.array) else type(value).__name__

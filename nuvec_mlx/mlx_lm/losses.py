@@ -1,0 +1,199 @@
+"""mlx-lm's default loss with the loss head in chunks of tokens: :func:`chunked_loss`.
+
+mlx-lm's ``default_loss`` computes ``model(inputs)``, the whole logits, then a
+masked cross-entropy. :func:`chunked_loss` computes the same loss from the
+model's hidden states, running the model's own head code (a separate
+``lm_head``, tied embeddings' ``as_linear``, logit soft-capping or scaling:
+whatever the model's ``__call__`` does after ``self.model``) one chunk of
+tokens at a time (:func:`nuvec_mlx.losses.cross_entropy`'s way).
+
+How the head is found without copying it. The model's ``__call__`` is run
+once with ``self.model`` (the backbone) standing in for a function that
+returns given hidden states, on a view of the model that records what the
+call reads (the head's modules, settings such as ``args`` or a soft-cap). Each
+chunk then runs the same ``__call__`` on a view that serves exactly those,
+with the chunk's hidden states as the backbone's output: the modules a chunk
+reaches are the head's, and only they are inputs of the chunks. A model
+whose ``__call__`` does not call ``self.model`` once and apply something to
+its output (a wrapper that calls ``self.language_model``, say) gets mlx-lm's
+unchunked loss.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.tuner.trainer import default_loss
+
+from .. import _validate, losses
+from ..chunks import SUM, checkpoint_chunks
+
+
+class _NoHead(Exception):
+    """The model's ``__call__`` did not apply a head to ``self.model``'s output once."""
+
+
+class _Backbone:
+    """Stands for ``self.model`` in one run of the model's ``__call__``: called, it returns ``hidden``."""
+
+    def __init__(self, view: _View):
+        self._view, self.calls = view, 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return self._view._hidden
+
+    def __getattr__(self, name: str) -> Any:
+        return self._view._read("model." + name)
+
+
+class _View:
+    """The model as its ``__call__`` sees it, ``self.model`` a stand-in returning ``hidden``.
+
+    Recording (``values`` is ``None``): every attribute read is taken from the
+    model and noted. Serving: only the attributes noted are there.
+    """
+
+    def __init__(self, model: nn.Module | None, hidden: mx.array, values: dict[str, Any] | None = None):
+        self._model, self._hidden = model, hidden
+        self._serving = values is not None
+        self._values: dict[str, Any] = {} if values is None else values
+        self._backbone = _Backbone(self)
+
+    def _read(self, path: str) -> Any:
+        if self._serving:
+            if path not in self._values:
+                raise _NoHead(f"the model's __call__ read {path}, which it did not read when its head was found")
+            return self._values[path]
+        value: Any = self._model
+        for name in path.split("."):
+            value = getattr(value, name)
+        self._values[path] = value
+        return value
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "model":
+            return self._backbone
+        return self._read(name)
+
+
+class Head:
+    """An mlx-lm model's loss head, run from its own ``__call__``: hidden states to logits.
+
+    Args:
+        model: an mlx-lm model (``model.model`` its backbone).
+        hidden, inputs: hidden states and the token ids they are the backbone's output for
+            (the first token of each is used; nothing is evaluated).
+
+    Raises:
+        ValueError: the model's ``__call__`` does not apply a head to ``self.model``'s output.
+    """
+
+    def __init__(self, model: nn.Module, hidden: mx.array, inputs: mx.array):
+        call = type(model).__call__
+        view = _View(model, hidden[:1, :1])
+        try:
+            out = call(view, inputs[:1, :1])
+        except (_NoHead, AttributeError, TypeError, ValueError) as e:
+            raise ValueError(f"{type(model).__name__}.__call__ cannot run on given hidden states: {e}") from e
+        if view._backbone.calls != 1:
+            raise ValueError(f"{type(model).__name__}.__call__ calls self.model {view._backbone.calls} times, not once")
+        if out is view._hidden or not isinstance(out, mx.array):
+            raise ValueError(f"{type(model).__name__}.__call__ applies nothing to self.model's output")
+        self.vocabulary = out.shape[-1]
+        self.call, self.values = call, view._values
+        self.modules = {path: v for path, v in self.values.items() if isinstance(v, nn.Module)}
+
+    def __call__(self, hidden: mx.array, inputs: mx.array) -> mx.array:
+        """The logits of ``hidden``, the backbone's output for ``inputs``."""
+        return self.call(_View(None, hidden, self.values), inputs)
+
+
+def hidden_states(model: nn.Module, inputs: mx.array) -> mx.array:
+    """What ``model.model`` returns inside ``model(inputs)``: the hidden states the head reads.
+
+    The model's ``__call__`` runs as it is, with ``self.model`` recorded; the
+    logits it then builds are never evaluated (nothing reads them).
+    """
+    found: list[mx.array] = []
+    backbone = model.model
+
+    class _Recording:
+        def __call__(self, *args: Any, **kwargs: Any) -> mx.array:
+            found.append(backbone(*args, **kwargs))
+            return found[-1]
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(backbone, name)
+
+    view = _Forwarding(model, _Recording())
+    type(model).__call__(view, inputs)
+    if len(found) != 1:
+        raise ValueError(f"{type(model).__name__}.__call__ called self.model {len(found)} times, not once")
+    return found[0]
+
+
+class _Forwarding:
+    """``model`` with ``model.model`` replaced by ``backbone``, for one call of its ``__call__``."""
+
+    def __init__(self, model: nn.Module, backbone: Any):
+        self._model, self._backbone = model, backbone
+
+    def __getattr__(self, name: str) -> Any:
+        return self._backbone if name == "model" else getattr(self._model, name)
+
+
+def chunked_loss(
+    model: nn.Module, batch: mx.array, lengths: mx.array, chunk: int | str | None = "auto"
+) -> tuple[mx.array, mx.array]:
+    """mlx-lm's ``default_loss``, the loss head computed ``chunk`` tokens at a time.
+
+    The same values as ``mlx_lm.tuner.trainer.default_loss`` (the mean
+    cross-entropy over the tokens that ``lengths`` marks, and their count), up
+    to the order of the float32 sum over tokens; the logits are never all
+    alive at once. Pass it as ``train``'s ``loss`` (its ``chunk`` with
+    :func:`functools.partial`).
+
+    Args:
+        model: an mlx-lm model.
+        batch: token ids, ``(batch, tokens + 1)``.
+        lengths: per row, the first and last position the loss counts (mlx-lm's ``lengths``).
+        chunk: tokens per chunk; ``"auto"`` for :func:`nuvec_mlx.losses.head_chunk`;
+            ``None`` for mlx-lm's ``default_loss`` unchanged.
+
+    Returns:
+        ``(loss, tokens)``, as ``default_loss``.
+
+    Example:
+        >>> train(model, optimizer, data, args=args, loss=chunked_loss)
+        >>> train(model, optimizer, data, args=args, loss=functools.partial(chunked_loss, chunk=128))
+    """
+    if chunk is None:
+        return default_loss(model, batch, lengths)
+    if chunk != "auto":
+        _validate.check_int(chunk, "chunk", minimum=1)
+    inputs, targets = batch[:, :-1], batch[:, 1:]
+    try:
+        hidden = hidden_states(model, inputs)
+        head = Head(model, hidden, inputs)
+    except ValueError:
+        return default_loss(model, batch, lengths)  # no head apart from the backbone: nothing to chunk
+    steps = mx.arange(1, targets.shape[1] + 1)
+    mask = mx.logical_and(steps >= lengths[:, 0:1], steps <= lengths[:, 1:])
+    size = chunk if isinstance(chunk, int) else losses.head_chunk(hidden.shape[1], hidden.shape[2], head.vocabulary)
+
+    def part(h: mx.array, ids: mx.array, t: mx.array, m: mx.array) -> mx.array:
+        return (nn.losses.cross_entropy(head(h, ids), t) * m).astype(mx.float32).sum()
+
+    total = checkpoint_chunks(part, size=size, in_axes=1, out_axes=SUM)(hidden, inputs, targets, mask)
+    tokens = mask.sum()
+    return total / tokens, tokens
+
+
+def loss_for(chunk: int | str | None) -> Callable[..., tuple[mx.array, mx.array]]:
+    """mlx-lm's default loss with the head in chunks of ``chunk`` tokens (``None``: ``default_loss`` itself)."""
+    return default_loss if chunk is None else functools.partial(chunked_loss, chunk=chunk)
