@@ -11,6 +11,7 @@ your own; :func:`update` is the one of them defined here.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -89,6 +90,10 @@ class TrainingStep:
     returns what ``loss_fn`` returned, evaluated. The model, the optimizer's
     state and ``mx.random.state`` are its compile state.
 
+    ``dispatch_seconds`` and ``evaluation_seconds`` time the last call's two
+    parts: the host building and dispatching the step (tracing it, the first
+    time), and its staged evaluation.
+
     The step traces again by itself when a block's checkpointing changed
     (:func:`nuvec_mlx.checkpoint_layers`, :meth:`nuvec_mlx.Plan.apply`), so
     it always runs the blocks as they are. Inside
@@ -152,6 +157,8 @@ class TrainingStep:
         if optimizer is not None:
             self.state.insert(1, optimizer.state)
         self.calls = 0  # steps run: the optimizer updates on every accumulate-th
+        #: The last call's seconds building and dispatching the step (the host's part) and evaluating it.
+        self.dispatch_seconds = self.evaluation_seconds = 0.0
         self._grad: Any = None  # the gradients summed since the last update
         self._traced: Callable[..., tuple[Any, list[mx.array]]] | None = None
         self._changes = -1  # nv_nn.changes() when traced
@@ -177,12 +184,14 @@ class TrainingStep:
 
     def __call__(self, *batch: Any, **kwargs: Any) -> Any:
         """Run one step on ``batch`` (``loss_fn``'s arguments after the model) and return the loss, evaluated."""
+        begin = time.perf_counter()
         do_update = (self.calls + 1) % self.accumulate == 0
         traced = self._trace()
         # Under a ceiling, a step stopped part-way puts the state back.
         undo = self.snapshot() if _ceiling.current() is not None else None
         (value, grad), stages = traced(batch, kwargs, self._grad, do_update)
         outputs = [value] if self.optimizer is not None else [value, grad]
+        dispatched = time.perf_counter()
         evaluate.staged(
             stages,
             [self.state, outputs, grad],
@@ -191,6 +200,7 @@ class TrainingStep:
             synchronize=self.synchronize,
             undos=[undo] if undo is not None else [],
         )
+        self.dispatch_seconds, self.evaluation_seconds = dispatched - begin, time.perf_counter() - dispatched
         self.calls += 1
         if self.optimizer is None:
             return value, grad
