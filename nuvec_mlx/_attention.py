@@ -59,25 +59,29 @@ def check(setting: object, name: str = "attention_chunk") -> int | str | None:
     return _validate.check_int(setting, name, minimum=1)
 
 
+def backend() -> str:
+    """Where MLX's default device runs: ``"cpu"``, ``"metal"`` or ``"cuda"``."""
+    if mx.default_device().type == mx.cpu:
+        return "cpu"
+    return "metal" if mx.metal.is_available() else "cuda"
+
+
 def trains_unfused(q: mx.array, k: mx.array, v: mx.array, causal: bool) -> bool:
     """Whether MLX computes this attention with the fallback under a gradient (see the module's notes)."""
-    device = mx.default_device()
-    if device.type == mx.cpu or mx.metal.is_available():
+    if backend() != "cuda":
         return True
-    if mx.cuda.is_available():
-        q_len, k_len, head, value = q.shape[2], k.shape[2], q.shape[-1], v.shape[-1]
-        cudnn = (
-            os.environ.get("MLX_CUDA_USE_CUDNN_SDPA", "1") != "0"
-            and mx.device_info().get("compute_capability_major", 0) >= 8
-            and not (causal and q_len > k_len)
-            and head % 8 == 0
-            and head <= 128
-            and value % 8 == 0
-            and value <= 128
-            and q.dtype in (mx.float16, mx.bfloat16)
-        )
-        return not (cudnn and q_len % 128 == 0)
-    return True
+    q_len, k_len, head, value = q.shape[2], k.shape[2], q.shape[-1], v.shape[-1]
+    cudnn = (
+        os.environ.get("MLX_CUDA_USE_CUDNN_SDPA", "1") != "0"
+        and mx.device_info().get("compute_capability_major", 0) >= 8
+        and not (causal and q_len > k_len)
+        and head % 8 == 0
+        and head <= 128
+        and value % 8 == 0
+        and value <= 128
+        and q.dtype in (mx.float16, mx.bfloat16)
+    )
+    return not (cudnn and q_len % 128 == 0)
 
 
 def default_size(q: mx.array) -> int:

@@ -1,0 +1,141 @@
+"""nv.checkpoint_chunks: a function in checkpointed chunks, the values and gradients of the unchunked one,
+one chunk's intermediates at a time."""
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+import nuvec_mlx as nv
+from tests.helpers import assert_close
+
+B, T, D, V = 2, 50, 16, 300
+
+
+def data(seed: int = 0):
+    mx.random.seed(seed)
+    head = nn.Linear(D, V)
+    h, y = mx.random.normal((B, T, D)), mx.random.randint(0, V, (B, T))
+    mx.eval(head.parameters(), h, y)
+    return head, h, y
+
+
+def token_loss(head, h, y):
+    return nn.losses.cross_entropy(head(h), y, reduction="sum")
+
+
+def chunked_loss(head, h, y, size=8):
+    return nv.checkpoint_chunks(lambda h, y: token_loss(head, h, y), size=size, out_axes="sum")(h, y)
+
+
+def attention(q, k, v):
+    return mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask="causal")
+
+
+def chunked_attention(q, k, v, size=12):
+    def part(q, k, v, chunk):  # a query chunk reads the keys up to its last query
+        return attention(q, k[:, :, : chunk.stop], v[:, :, : chunk.stop])
+
+    return nv.checkpoint_chunks(part, size=size, in_axes=(2, None, None), out_axes=2, slice_arg="chunk")(q, k, v)
+
+
+def qkv(seed: int = 1):
+    mx.random.seed(seed)
+    return [mx.random.normal((1, 2, T, 8)) for _ in range(3)]
+
+
+@pytest.mark.parametrize("size", [8, 7, T, 1000])
+def test_a_sum_over_chunks_has_the_values_and_gradients_of_the_whole(size):
+    head, h, y = data()
+    plain = [*nn.value_and_grad(head, token_loss)(head, h, y)]
+    chunked = [*nn.value_and_grad(head, lambda m, h, y: chunked_loss(m, h, y, size))(head, h, y)]
+    assert_close(chunked[0], plain[0], 1e-6)
+    assert_close(chunked[1]["weight"], plain[1]["weight"], 1e-5)  # the weight's gradient: a sum over chunks
+    assert_close(chunked[1]["bias"], plain[1]["bias"], 1e-5)
+    dh = mx.grad(lambda h: chunked_loss(head, h, y, size))(h)
+    assert_close(dh, mx.grad(lambda h: token_loss(head, h, y))(h), 1e-6)
+    if size >= T:  # one chunk: the same operations in the same order
+        assert mx.array_equal(chunked[0], plain[0]).item()
+
+
+def test_concatenated_chunks_with_their_slice_are_causal_attention_by_query():
+    q, k, v = qkv()
+    assert_close(chunked_attention(q, k, v), attention(q, k, v), 1e-6)
+    plain = mx.grad(lambda q, k, v: (attention(q, k, v) ** 2).sum(), argnums=(0, 1, 2))(q, k, v)
+    chunked = mx.grad(lambda q, k, v: (chunked_attention(q, k, v) ** 2).sum(), argnums=(0, 1, 2))(q, k, v)
+    assert_close(list(chunked), list(plain), 1e-5)
+
+
+def test_forward_mode_and_batching_go_through_the_chunks():
+    q, k, v = qkv()
+    t = mx.random.normal(q.shape)
+    assert_close(mx.jvp(lambda q: chunked_attention(q, k, v), [q], [t])[1][0],
+                 mx.jvp(lambda q: attention(q, k, v), [q], [t])[1][0], 1e-6)
+    qs = mx.random.normal((3, *q.shape))
+    assert_close(mx.vmap(lambda q: chunked_attention(q, k, v))(qs), mx.vmap(lambda q: attention(q, k, v))(qs), 1e-6)
+    per_example = mx.vmap(mx.grad(lambda q: (chunked_attention(q, k, v) ** 2).sum()))(qs)
+    assert_close(per_example, mx.vmap(mx.grad(lambda q: (attention(q, k, v) ** 2).sum()))(qs), 1e-5)
+
+
+def test_compiled_and_nested_in_a_checkpointed_block_as_uncompiled_and_alone(compiled):
+    head, h, y = data()
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = [nn.Linear(D, D)]
+            self.head = head
+
+        def __call__(self, h, y):  # the block's output through the chunked head, inside the block
+            return chunked_loss(self.head, self.layers[0](h), y)
+
+    model = Model()
+    mx.eval(model.parameters())
+    plain = nv.TrainingStep(model, lambda m, h, y: m(h, y), compile=False)(h, y)
+    nv.checkpoint_layers(model, layers=[model])  # the whole model one checkpointed block around the chunks
+    step = nv.TrainingStep(model, lambda m, h, y: m(h, y))
+    with nv.memory.timeline() as timeline:
+        value, grads = step(h, y)
+    assert_close(value, plain[0], 1e-6)
+    assert_close(grads["layers"][0]["weight"], plain[1]["layers"][0]["weight"], 1e-5)
+    chunks = -(-T // 8)
+    # The block's forward holds the chunks' forward stages; its backward recomputes them, then their backward.
+    assert [r.kind for r in timeline.readings] == (["chunk"] * chunks + ["forward"] + ["chunk"] * (2 * chunks)
+                                                    + ["backward", "outputs"])
+
+
+def test_random_draws_are_replayed_chunk_by_chunk():
+    head, h, y = data()
+
+    def noisy(m, h, y):
+        return token_loss(m, nn.Dropout(0.5)(h), y)
+
+    def run(loss):
+        mx.random.seed(7)
+        return nn.value_and_grad(head, loss)(head, h, y)
+
+    chunked = run(lambda m, h, y: nv.checkpoint_chunks(lambda h, y: noisy(m, h, y), size=T, out_axes="sum")(h, y))
+    plain = run(noisy)  # one chunk draws as the whole does
+    assert mx.array_equal(chunked[0], plain[0]).item()
+    assert mx.array_equal(chunked[1]["weight"], plain[1]["weight"]).item()
+
+
+def test_one_chunk_of_logits_is_alive_at_a_time(compiled):
+    """A loss head of 8192 classes over 2 x 256 tokens: chunked in 32s, its step holds one chunk's logits
+    (softmax, gradient) instead of all: measured, under a third of the whole's rise in memory."""
+    mx.random.seed(0)
+    head, big_v = nn.Linear(32, 8192, bias=False), 8192
+    h, y = mx.random.normal((2, 256, 32)), mx.random.randint(0, big_v, (2, 256))
+    mx.eval(head.parameters(), h, y)
+    rises = {}
+    for size in (None, 32):
+        def loss(m, h, y, size=size):
+            return token_loss(m, h, y) if size is None else chunked_loss(m, h, y, size)
+
+        step = nv.TrainingStep(head, loss)
+        step(h, y)  # traced and compiled
+        with nv.memory.measure() as m:
+            step(h, y)
+        rises[size] = m.rise
+    logits = 2 * 256 * big_v * 4
+    assert rises[None] >= 2 * logits, rises  # the whole: logits and their softmax or gradient at once
+    assert rises[32] <= rises[None] / 3, rises
