@@ -1,0 +1,123 @@
+"""Attention in query chunks inside nuvec's checkpoints (attention_chunk): exact, by the backend's rule,
+one chunk's scores at a time, and mx.fast left as it was."""
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import pytest
+from mlx.utils import tree_flatten
+from mlx_lm.models import gemma3_text, gpt_oss, llama, qwen3
+from mlx_lm.tuner.trainer import default_loss
+
+import nuvec_mlx as nv
+from nuvec_mlx import _attention
+from tests.helpers import assert_close
+
+VOCAB = 64
+
+
+def build(module, **fields):
+    mx.random.seed(0)
+    model = module.Model(module.ModelArgs(vocab_size=VOCAB, rms_norm_eps=1e-5, **fields))
+    mx.eval(model.parameters())
+    return model
+
+
+MODELS = {  # the attention each exercises: causal, GQA with q/k norms, a sliding-window array mask, sinks
+    "llama": lambda: build(llama, model_type="llama", hidden_size=32, num_hidden_layers=2, intermediate_size=64,
+                           num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
+    "qwen3": lambda: build(qwen3, model_type="qwen3", hidden_size=32, num_hidden_layers=2, intermediate_size=64,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True,
+                           max_position_embeddings=512, rope_theta=10000.0),
+    "gemma3_text": lambda: build(gemma3_text, model_type="gemma3_text", hidden_size=32, num_hidden_layers=6,
+                                 intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                 sliding_window=24),
+    "gpt_oss": lambda: build(gpt_oss, model_type="gpt_oss", hidden_size=32, num_hidden_layers=2, intermediate_size=32,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=2,
+                             num_experts_per_tok=1, sliding_window=24, layer_types=["sliding_attention", "full_attention"]),
+}
+
+
+def batch(tokens: int):
+    ids = mx.random.randint(0, VOCAB, (1, tokens + 1), key=mx.random.key(1))
+    return ids, mx.array([[0, tokens]])
+
+
+def gradients(model, setting, tokens):
+    """The loss and gradients of a step with every block checkpointed, attention chunked as ``setting`` says,
+    and the kinds of the step's stages."""
+    nv.checkpoint_layers(model, attention_chunk=setting)
+    step = nv.TrainingStep(model, default_loss, compile=False)
+    with nv.memory.timeline() as timeline:
+        ((loss, _), grads) = step(*batch(tokens))
+    nv.checkpoint_layers(model, enable=False)
+    return loss, [g for _, g in tree_flatten(grads)], [r.kind for r in timeline.readings]
+
+
+@pytest.mark.parametrize("arch", list(MODELS))
+def test_chunked_attention_has_the_unchunked_loss_and_gradients(arch):
+    model = MODELS[arch]()
+    loss, grads, kinds = gradients(model, None, 80)
+    chunked_loss, chunked_grads, chunked_kinds = gradients(model, 16, 80)
+    assert "chunk" not in kinds and chunked_kinds.count("chunk") >= 2 * 5 * 2  # 5 query chunks, forward and back
+    assert_close(chunked_loss, loss, 1e-6)
+    assert_close(chunked_grads, grads, 2e-5)
+
+
+def test_auto_chunks_where_the_backend_trains_attention_unfused(monkeypatch):
+    q = mx.zeros((1, 2, 256, 64), dtype=mx.bfloat16)
+    assert _attention.backend() == "cpu" and _attention.trains_unfused(q, q, q, causal=True)
+    monkeypatch.setattr(_attention, "backend", lambda: "metal")
+    assert _attention.trains_unfused(q, q, q, causal=True)  # Metal has no fused attention backward
+    monkeypatch.setattr(_attention, "backend", lambda: "cuda")
+    monkeypatch.setattr(mx, "device_info", lambda: {"compute_capability_major": 9})
+    assert not _attention.trains_unfused(q, q, q, causal=True)  # cuDNN's fused backward
+    assert _attention.trains_unfused(q.astype(mx.float32), q, q, causal=True)  # float32: the fallback
+    assert _attention.trains_unfused(q[:, :, :200], q, q, causal=True)  # not a multiple of 128 queries
+    wide = mx.zeros((1, 2, 256, 256), dtype=mx.bfloat16)
+    assert _attention.trains_unfused(wide, wide, wide, causal=True)  # head size above 128
+    assert _attention.default_size(q) == 4 * 64
+
+
+def test_auto_leaves_attention_whole_where_it_is_fused(monkeypatch):
+    model = MODELS["llama"]()
+    monkeypatch.setattr(_attention, "trains_unfused", lambda *args: False)
+    assert "chunk" not in gradients(model, "auto", 80)[2]
+    monkeypatch.undo()
+    assert "chunk" in gradients(model, "auto", 80)[2]  # head size 8: chunks of 32 queries on the CPU
+
+
+def test_mx_fast_is_put_back_after_a_step_and_after_an_error():
+    original = mx.fast.scaled_dot_product_attention
+    model = MODELS["llama"]()
+    gradients(model, 16, 40)
+    assert mx.fast.scaled_dot_product_attention is original
+
+    class Failing(nn.Module):
+        def __call__(self, x):
+            raise RuntimeError("inside the block, after its attention")
+
+    nv.checkpoint_layers(model, attention_chunk=16)
+    model.layers[0].mlp = Failing()
+    with pytest.raises(RuntimeError, match="after its attention"):
+        nv.TrainingStep(model, default_loss)(*batch(40))
+    assert mx.fast.scaled_dot_product_attention is original
+
+
+@pytest.mark.slow
+def test_the_step_s_peak_grows_with_tokens_not_their_square(compiled):
+    """Attention unfused (the CPU, as Metal trains it): chunked, each doubling of the tokens at most doubles
+    the step's rise in memory, plus 10%; unchunked, the scores make it grow about fourfold."""
+    model = build(llama, model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    rises = {}
+    for setting in ("auto", None):
+        nv.checkpoint_layers(model, attention_chunk=setting)
+        step = nv.TrainingStep(model, default_loss, optim.SGD(0.0))
+        for tokens in (512, 1024):
+            step(*batch(tokens))  # traced for this length
+            with nv.memory.measure() as m:
+                step(*batch(tokens))
+            rises[setting, tokens] = m.rise
+    assert rises["auto", 1024] <= 2.2 * rises["auto", 512], rises
+    assert rises[None, 1024] >= 3 * rises["auto", 1024], rises
