@@ -120,7 +120,9 @@ def hidden_states(model: nn.Module, inputs: mx.array) -> mx.array:
     logits it then builds are never evaluated (nothing reads them).
     """
     found: list[mx.array] = []
-    backbone = model.model
+    backbone = getattr(model, "model", None)
+    if not isinstance(backbone, nn.Module):
+        raise ValueError(f"{type(model).__name__} has no backbone in model.model")
 
     class _Recording:
         def __call__(self, *args: Any, **kwargs: Any) -> mx.array:

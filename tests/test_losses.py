@@ -1,0 +1,140 @@
+"""The loss head in chunks of tokens: nv.losses.cross_entropy, and mlx-lm's default loss run from the
+model's own head code (nuvec_mlx.mlx_lm.chunked_loss)."""
+
+import functools
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from mlx.utils import tree_flatten
+from mlx_lm.models import cohere, gemma3_text, llama, qwen3
+from mlx_lm.tuner.trainer import default_loss
+
+import nuvec_mlx as nv
+from nuvec_mlx.mlx_lm import chunked_loss
+from nuvec_mlx.mlx_lm.losses import Head, hidden_states
+from tests.helpers import assert_close
+
+VOCAB = 300
+
+
+def head_data():
+    mx.random.seed(0)
+    head = nn.Linear(16, VOCAB)
+    h, y = mx.random.normal((2, 37, 16)), mx.random.randint(0, VOCAB, (2, 37))
+    weights = (mx.random.uniform(shape=(2, 37)) > 0.3).astype(mx.float32)
+    mx.eval(head.parameters(), h, y, weights)
+    return head, h, y, weights
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_cross_entropy_in_chunks_is_the_whole_s(reduction, smoothing):
+    head, h, y, w = head_data()
+
+    def plain(m, h):
+        ce = nn.losses.cross_entropy(m(h), y, weights=w, label_smoothing=smoothing)
+        return ce.sum() if reduction == "sum" else ce.mean() if reduction == "mean" else ce
+
+    def chunked(m, h):
+        return nv.losses.cross_entropy(m, h, y, weights=w, chunk=8, label_smoothing=smoothing, reduction=reduction)
+
+    assert_close(chunked(head, h), plain(head, h), 1e-6)
+    for loss in (plain, chunked):  # the gradients of the head and of the hidden states
+        grads = nn.value_and_grad(head, lambda m, h: loss(m, h).sum())(head, h)[1]
+        dh = mx.grad(lambda h: loss(head, h).sum())(h)
+        if loss is plain:
+            expected = [grads["weight"], grads["bias"], dh]
+    assert_close([grads["weight"], grads["bias"], dh], expected, 1e-5)
+
+
+def test_the_head_is_split_into_vocabulary_over_8_hidden_chunks():
+    assert nv.losses.head_chunk(2048, 2048, 128256) == 256  # Llama-3.2-1B: 8 chunks
+    assert nv.losses.head_chunk(2048, 1024, 151936) == 108  # Qwen3-0.6B: 19 chunks
+    assert nv.losses.head_chunk(2048, 1152, 262144) == 71  # Gemma-3-1B: 29 chunks
+    assert nv.losses.head_chunk(100, 64, 64) == 100  # a small vocabulary: one chunk
+
+
+def build(module, **fields):
+    mx.random.seed(0)
+    model = module.Model(module.ModelArgs(vocab_size=VOCAB, **fields))
+    mx.eval(model.parameters())
+    return model
+
+
+SMALL = dict(hidden_size=32, num_hidden_layers=2, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
+NORM = dict(rms_norm_eps=1e-5)
+MODELS = {  # the heads: tied embeddings, a separate lm_head, Gemma 3's, Cohere's scaled logits
+    "llama tied": lambda: build(llama, model_type="llama", tie_word_embeddings=True, **SMALL, **NORM),
+    "llama untied": lambda: build(llama, model_type="llama", tie_word_embeddings=False, **SMALL, **NORM),
+    "qwen3": lambda: build(qwen3, model_type="qwen3", head_dim=8, tie_word_embeddings=True,
+                           max_position_embeddings=512, rope_theta=10000.0, **SMALL, **NORM),
+    "gemma3_text": lambda: build(gemma3_text, model_type="gemma3_text", **{**SMALL, "num_hidden_layers": 6,
+                                 "num_attention_heads": 2, "num_key_value_heads": 1}, head_dim=16, **NORM),
+    "cohere": lambda: build(cohere, model_type="cohere", logit_scale=0.5, **SMALL),
+}
+
+
+def batch():
+    ids = mx.random.randint(0, VOCAB, (2, 38), key=mx.random.key(1))
+    return ids, mx.array([[0, 37], [5, 30]])  # the second row's loss counts positions 5..30 (a masked prompt)
+
+
+@pytest.mark.parametrize("arch", list(MODELS))
+def test_mlx_lm_s_loss_in_chunks_runs_the_model_s_own_head(arch):
+    model = MODELS[arch]()
+    ids, lengths = batch()
+    plain = nn.value_and_grad(model, default_loss)(model, ids, lengths)
+    chunked = nn.value_and_grad(model, functools.partial(chunked_loss, chunk=8))(model, ids, lengths)
+    (loss, tokens), grads = plain
+    (chunked_value, chunked_tokens), chunked_grads = chunked
+    assert chunked_tokens.item() == tokens.item()
+    assert_close(chunked_value, loss, 1e-6)
+    assert_close([g for _, g in tree_flatten(chunked_grads)], [g for _, g in tree_flatten(grads)], 1e-5)
+    head = Head(model, hidden_states(model, ids[:, :-1]), ids[:, :-1])
+    assert set(head.modules) <= {"lm_head", "model.embed_tokens"}  # the chunks' inputs: the head's modules only
+
+
+def test_one_chunk_is_mlx_lm_s_loss_bitwise():
+    model = MODELS["llama tied"]()
+    ids, lengths = batch()
+    plain = default_loss(model, ids, lengths)[0]
+    assert mx.array_equal(chunked_loss(model, ids, lengths, chunk=1000)[0], plain).item()
+
+
+def test_a_model_whose_call_applies_no_head_to_self_model_gets_mlx_lm_s_loss():
+    inner = MODELS["llama tied"]()
+
+    class Wrapper(nn.Module):  # a multimodal-style wrapper: its __call__ calls another attribute
+        def __init__(self):
+            super().__init__()
+            self.language_model = inner
+
+        def __call__(self, inputs):
+            return self.language_model(inputs)
+
+    model = Wrapper()
+    ids, lengths = batch()
+    with pytest.raises(ValueError, match="calls self.model"):
+        Head(model, mx.zeros((1, 1, 32)), ids[:, :1])
+    assert mx.array_equal(chunked_loss(model, ids, lengths, chunk=8)[0], default_loss(model, ids, lengths)[0]).item()
+
+
+def test_the_chunked_head_holds_one_chunk_of_logits(compiled):
+    """A 4096-word vocabulary over 2 x 512 tokens: trained through the chunked head, the step rises under
+    a third of what mlx-lm's loss makes it rise (its logits, softmax and gradient at once)."""
+    mx.random.seed(0)
+    model = llama.Model(llama.ModelArgs(model_type="llama", vocab_size=4096, tie_word_embeddings=True,
+                                        **SMALL, **NORM))
+    mx.eval(model.parameters())
+    nv.checkpoint_layers(model)
+    ids = mx.random.randint(0, 4096, (2, 513), key=mx.random.key(1))
+    lengths = mx.array([[0, 512]] * 2)
+    rises = {}
+    for name, loss in (("mlx-lm", default_loss), ("chunked", chunked_loss)):
+        step = nv.TrainingStep(model, loss)
+        step(ids, lengths)
+        with nv.memory.measure() as m:
+            step(ids, lengths)
+        rises[name] = m.rise
+    assert rises["chunked"] <= rises["mlx-lm"] / 3, rises
