@@ -1,0 +1,151 @@
+"""nv.TrainingStep: the four parts of a staged step (nuvec's gradient, compile, update, evaluation) in one
+object, with the values of the step written by hand, and the settings it is given."""
+
+import warnings
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import pytest
+from mlx.utils import tree_flatten
+
+import nuvec_mlx as nv
+from nuvec_mlx import evaluate
+
+
+class Blocks(nn.Module):
+    def __init__(self, blocks: int = 3, dim: int = 16):
+        super().__init__()
+        self.layers = [nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+                       for _ in range(blocks)]
+
+    def __call__(self, x):
+        for layer in self.layers:
+            x = x + layer(x)
+        return x
+
+
+def loss_fn(model, x, y):
+    return ((model(x) - y) ** 2).mean()
+
+
+def case(seed: int = 0):
+    mx.random.seed(seed)
+    model = Blocks()
+    x, y = mx.random.normal((8, 16)), mx.random.normal((8, 16))
+    mx.eval(model.parameters(), x, y)
+    return model, x, y
+
+
+def parameters(model):
+    return [v for _, v in tree_flatten(model.parameters())]
+
+
+def by_hand(model, optimizer, x, y, steps):
+    """The step written with the building blocks, as the README's custom loop writes it."""
+    state = [model.state, optimizer.state, mx.random.state]
+
+    @nv.compile(inputs=state, outputs=state)
+    def step(x, y):
+        loss, grads = nv.value_and_grad(model, loss_fn)(model, x, y)
+        nv.update(optimizer, model, grads)
+        return loss
+
+    losses = []
+    for _ in range(steps):
+        losses.append(step(x, y))
+        nv.eval(losses[-1], state)
+    return losses
+
+
+@pytest.mark.parametrize("compiled_step", [True, False], ids=["compiled", "eager"])
+def test_the_step_is_the_one_written_by_hand(compiled_step, compiled):
+    model, x, y = case()
+    nv.checkpoint_layers(model)
+    reference = case()[0]
+    nv.checkpoint_layers(reference)
+    expected = by_hand(reference, optim.Adam(1e-2), x, y, 3)
+    step = nv.TrainingStep(model, loss_fn, optim.Adam(1e-2), compile=compiled_step)
+    losses = [step(x, y) for _ in range(3)]
+    assert [v.item() for v in losses] == [v.item() for v in expected]
+    assert all(mx.array_equal(a, b).item() for a, b in zip(parameters(model), parameters(reference), strict=True))
+    assert step.calls == 3 and step.dispatch_seconds > 0 and step.evaluation_seconds > 0
+
+
+def test_accumulation_updates_every_nth_call_with_the_mean_gradient():
+    model, x, y = case()
+    step = nv.TrainingStep(model, loss_fn, optim.SGD(0.5), accumulate=2)
+    before = parameters(model)
+    step(x, y)
+    assert all(mx.array_equal(a, b).item() for a, b in zip(parameters(model), before, strict=True))  # summed only
+    step(x * 2, y)
+    reference = case()[0]
+    grads = [nn.value_and_grad(reference, loss_fn)(reference, xs, y)[1] for xs in (x, x * 2)]
+    mean = [(a + b) / 2 for (_, a), (_, b) in zip(tree_flatten(grads[0]), tree_flatten(grads[1]), strict=True)]
+    expected = [p - 0.5 * g for p, g in zip(before, mean, strict=True)]
+    for a, b in zip(parameters(model), expected, strict=True):
+        assert mx.allclose(a, b, atol=1e-6).item()
+
+
+def test_without_an_optimizer_it_returns_the_loss_and_the_gradients():
+    model, x, y = case()
+    value, grads = nv.TrainingStep(model, loss_fn)(x, y)
+    expected_value, expected = nn.value_and_grad(model, loss_fn)(model, x, y)
+    assert mx.array_equal(value, expected_value).item()
+    assert all(mx.array_equal(a, b).item()
+               for (_, a), (_, b) in zip(tree_flatten(grads), tree_flatten(expected), strict=True))
+
+
+def test_it_traces_again_when_a_block_s_checkpointing_changes(compiled):
+    model, x, y = case()
+    step = nv.TrainingStep(model, loss_fn, optim.SGD(0.1))
+    kinds = []
+    for wrap in (False, True, False):
+        nv.checkpoint_layers(model, enable=wrap)
+        with nv.memory.timeline() as t:
+            step(x, y)
+        kinds.append([r.kind for r in t.readings])
+    assert kinds[0] == kinds[2] == ["outputs"]  # nothing checkpointed: one evaluation
+    assert kinds[1] == ["forward"] * 3 + ["backward", "update"] * 3 + ["outputs"]
+
+
+def test_its_steps_leave_nothing_for_nv_eval_to_find_and_warn_of_nothing():
+    model, x, y = case()
+    nv.checkpoint_layers(model)
+    step = nv.TrainingStep(model, loss_fn, optim.Adam(1e-3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a NotStagedWarning would raise
+        for _ in range(20):  # more steps than the registry remembers
+            step(x, y)
+        del step
+        import gc
+
+        gc.collect()
+
+
+def test_it_evaluates_with_its_own_settings(monkeypatch):
+    model, x, y = case()
+    nv.checkpoint_layers(model)
+    seen, real = [], evaluate.staged
+    monkeypatch.setattr(evaluate, "staged",
+                        lambda *a, **kw: seen.append((kw["throttle"], kw["ahead"], kw["synchronize"])) or real(*a, **kw))
+    step = nv.TrainingStep(model, loss_fn, optim.SGD(0.1), ahead=2, synchronize=True, throttle=1 << 20)
+    step(x, y)
+    lowest = step.replace(ahead=0)
+    lowest(x, y)
+    assert seen == [(1 << 20, 2, True), (1 << 20, 0, True)]
+    assert lowest.model is model and lowest.optimizer is step.optimizer and step.ahead == 2
+
+
+def test_a_snapshot_puts_the_model_optimizer_and_random_key_back():
+    model, x, y = case()
+    nv.checkpoint_layers(model, policy=None)
+    step = nv.TrainingStep(model, lambda m, x, y: loss_fn(m, nn.Dropout(0.5)(x), y), optim.Adam(1e-2))
+    step(x, y)
+    undo = step.snapshot()
+    before = parameters(model), [v for _, v in tree_flatten(step.optimizer.state)], mx.random.state[0]
+    first = step(x, y)
+    undo()
+    assert all(a is b for a, b in zip(parameters(model), before[0], strict=True))
+    assert all(a is b for a, b in zip([v for _, v in tree_flatten(step.optimizer.state)], before[1], strict=True))
+    assert step(x, y).item() == first.item()  # the same draws, from the same weights and moments
