@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_map
+from mlx.utils import tree_flatten, tree_map, tree_reduce
 
 from . import _capture, _constants, _marks, _random, _validate
 
@@ -52,6 +52,20 @@ def substitute(items: Sequence[T], positions: Sequence[int], values: Sequence[An
 
 def _is_module(value: Any) -> bool:
     return isinstance(value, nn.Module)
+
+
+def arrays(tree: Any) -> list[mx.array]:
+    """The arrays among ``tree``'s leaves (lists, tuples, dicts, modules' state), in order.
+
+    :func:`mlx.utils.tree_reduce`, which builds no path strings: the registry of
+    steps reads every array of a step's state on each call.
+    """
+    def add(found: list[mx.array], x: Any) -> list[mx.array]:
+        if isinstance(x, mx.array):
+            found.append(x)
+        return found
+
+    return tree_reduce(add, tree, [])
 
 
 def leaves(tree: Any) -> list[Any]:

@@ -27,9 +27,8 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
-from . import _marks
+from . import _marks, _pytree
 
 #: Registered steps remembered per thread: older ones are evaluated unstaged.
 REMEMBERED = 16
@@ -120,7 +119,7 @@ def take(trees: Sequence[object]) -> Taken:
     held = entries()
     if not held:
         return Taken([], [])
-    leaves = {id(a): a for _, a in tree_flatten(list(trees)) if isinstance(a, mx.array)}
+    leaves = {id(a): a for a in _pytree.arrays(list(trees))}
     found = [e for e in held if e.stages and e.holds(leaves)]
     taken = Taken([s for e in found for s in e.stages], [e.undo for e in found if e.undo])
     for e in found:

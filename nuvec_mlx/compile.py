@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
 from . import _ceiling, _marks, _pytree, _random, _registry, _validate
 
@@ -67,7 +66,7 @@ class Compiled:
         # Under a ceiling, an evaluation stopped part-way puts the state back.
         undo = self._snapshot() if _ceiling.current() is not None else None
         out, stages = self.call_staged(*args, **kwargs)
-        results = [a for _, a in tree_flatten([out, self._outputs]) if isinstance(a, mx.array)]
+        results = _pytree.arrays([out, self._outputs])
         _registry.hand_on(results, stages, undo)
         return out
 

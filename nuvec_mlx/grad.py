@@ -20,7 +20,6 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 
 from . import _constants, _marks, _pytree, _registry, _validate
 
@@ -110,7 +109,7 @@ def value_and_grad(model: nn.Module, fn: Callable) -> Callable[..., tuple[Any, A
             value, grads = vg(*args, **kwargs)
         # Registered with the value too: an eager step that hands the gradients to
         # an optimizer is evaluated through its loss and the updated state.
-        _registry.hand_on([a for _, a in tree_flatten([value, grads]) if isinstance(a, mx.array)], stages)
+        _registry.hand_on(_pytree.arrays([value, grads]), stages)
         return value, grads
 
     return wrapped

@@ -127,8 +127,8 @@ def train(
     them in query chunks where the backend trains it unfused, and mlx-lm's
     default loss is computed with the loss head in chunks of tokens
     (:func:`nuvec_mlx.mlx_lm.chunked_loss`); a loss of your own is used as it
-    is. Each report line ends with the highest peak memory of the steps since the last report (active memory, weights and optimizer
-    state included, read after :func:`mlx.core.synchronize` by
+    is. Each report line ends with the highest peak memory of the steps since
+    the last report (active memory, weights and optimizer state included, read after :func:`mlx.core.synchronize` by
     :func:`nuvec_mlx.memory.measure` without clearing the cache); the callbacks
     get it as ``step_peak_memory`` (GB), beside mlx-lm's ``peak_memory``. As
     mlx-lm's, it sets MLX's wired limit on a Mac
