@@ -27,12 +27,23 @@ import nuvec_mlx as nv
 STEPS, LAYERS, VOCAB = 15, 8, 128
 SHARED = dict(hidden_size=64, num_hidden_layers=LAYERS, intermediate_size=128, vocab_size=VOCAB)
 ARCHITECTURES = {
-    "llama": lambda: llama.Model(llama.ModelArgs(
-        model_type="llama", num_attention_heads=4, num_key_value_heads=4, rms_norm_eps=1e-5, **SHARED)),
-    "gemma4_text": lambda: gemma4_text.Model(gemma4_text.ModelArgs(
-        num_attention_heads=2, head_dim=16, global_head_dim=16, vocab_size_per_layer_input=VOCAB,
-        num_key_value_heads=1, num_kv_shared_layers=LAYERS // 2, hidden_size_per_layer_input=8,
-        sliding_window=32, sliding_window_pattern=2, **SHARED)),
+    "llama": lambda: llama.Model(
+        llama.ModelArgs(model_type="llama", num_attention_heads=4, num_key_value_heads=4, rms_norm_eps=1e-5, **SHARED)
+    ),
+    "gemma4_text": lambda: gemma4_text.Model(
+        gemma4_text.ModelArgs(
+            num_attention_heads=2,
+            head_dim=16,
+            global_head_dim=16,
+            vocab_size_per_layer_input=VOCAB,
+            num_key_value_heads=1,
+            num_kv_shared_layers=LAYERS // 2,
+            hidden_size_per_layer_input=8,
+            sliding_window=32,
+            sliding_window_pattern=2,
+            **SHARED,
+        )
+    ),
 }
 
 

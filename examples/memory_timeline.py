@@ -24,8 +24,10 @@ def block(xs):
 
 def main(out: Path) -> None:
     keys = mx.random.split(mx.random.key(0), 2 * BLOCKS + 1)
-    weights = [mx.random.normal((DIM, 4 * DIM) if i % 2 == 0 else (4 * DIM, DIM), key=keys[i]) * 0.03
-               for i in range(2 * BLOCKS)]
+    weights = [
+        mx.random.normal((DIM, 4 * DIM) if i % 2 == 0 else (4 * DIM, DIM), key=keys[i]) * 0.03
+        for i in range(2 * BLOCKS)
+    ]
     xs = [*weights, mx.random.normal((BATCH, DIM), key=keys[-1])]
     mx.eval(xs)
     ckpt = nv.checkpoint_flat(block)

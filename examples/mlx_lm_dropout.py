@@ -84,12 +84,23 @@ def losses(strategy: str, dropout: float) -> list[float]:
     """The losses of STEPS steps of the strategy's trainer on the same batch."""
     model = lora_model(dropout)
     mx.random.seed(0)
-    args = trainer.TrainingArgs(batch_size=BATCH, iters=STEPS, steps_per_report=1, grad_checkpoint=False,
-                                adapter_file="/tmp/nuvec_mlx_dropout_adapters.safetensors")
+    args = trainer.TrainingArgs(
+        batch_size=BATCH,
+        iters=STEPS,
+        steps_per_report=1,
+        grad_checkpoint=False,
+        adapter_file="/tmp/nuvec_mlx_dropout_adapters.safetensors",
+    )
     fixed = batch()
     callback = Losses()
-    run = dict(model=model, optimizer=optim.Adam(1e-3), train_dataset=[None] * BATCH, args=args,
-               iterate_batches=lambda **_: iter([fixed] * STEPS), training_callback=callback)
+    run = dict(
+        model=model,
+        optimizer=optim.Adam(1e-3),
+        train_dataset=[None] * BATCH,
+        args=args,
+        iterate_batches=lambda **_: iter([fixed] * STEPS),
+        training_callback=callback,
+    )
     with contextlib.redirect_stdout(sys.stderr):  # the trainers' own report lines
         if strategy == "nuvec":
             args.grad_checkpoint = True
@@ -101,10 +112,14 @@ def losses(strategy: str, dropout: float) -> list[float]:
 
 
 def main() -> None:
-    print(f"MLX {mx.__version__}, backend {mx.default_device()}; Llama H=64 L=4, LoRA rank 8 on every block, "
-          f"bf16, batch {BATCH}x{SEQ}")
-    print("| dropout | strategy | first-step gradients vs unchecked (rel. max-norm) | random key after it "
-          "| losses of 5 steps |")
+    print(
+        f"MLX {mx.__version__}, backend {mx.default_device()}; Llama H=64 L=4, LoRA rank 8 on every block, "
+        f"bf16, batch {BATCH}x{SEQ}"
+    )
+    print(
+        "| dropout | strategy | first-step gradients vs unchecked (rel. max-norm) | random key after it "
+        "| losses of 5 steps |"
+    )
     print("| --- | --- | --- | --- | --- |")
     for dropout in (0.1, 0.0):
         plain, plain_key = first_gradients("none", dropout)

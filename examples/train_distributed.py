@@ -10,9 +10,9 @@ Run with two processes on this machine (MLX's ring backend):
 or alone (a group of one): python examples/train_distributed.py
 Add --no-checkpoint to compare the peaks without checkpointing.
 """
+
 import argparse
 import time
-from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -51,25 +51,6 @@ class Model(nn.Module):
         return self.head(self.norm(x))
 
 
-def make_step(
-    model: Model, opt: optim.Optimizer, group: mx.distributed.Group
-) -> Callable[[mx.array, mx.array], mx.array]:
-    """The compiled training step: this rank's loss and gradients, the gradients
-    averaged over the group inside the compiled function, one optimizer update."""
-    loss_and_grad = nn.value_and_grad(
-        model, lambda m, x, y: nn.losses.cross_entropy(m(x), y).mean()
-    )
-    state = [model.state, opt.state, mx.random.state]
-
-    @nv.compile(inputs=state, outputs=state)  # mx.compile, carrying the checkpoints' stages
-    def step(x: mx.array, y: mx.array) -> mx.array:
-        loss, grads = loss_and_grad(model, x, y)
-        opt.update(model, nn.average_gradients(grads, group))
-        return mx.distributed.all_sum(loss, group=group) / group.size()  # the whole batch's loss
-
-    return step
-
-
 def shard(group: mx.distributed.Group) -> tuple[mx.array, mx.array]:
     """This rank's rows of a synthetic batch (the class is the argmax of a fixed linear map)."""
     x = mx.random.normal((BATCH, DIM))
@@ -86,9 +67,8 @@ def main(checkpoint: bool) -> None:
     model = Model(DIM, CLASSES)
     if checkpoint:
         nv.checkpoint_layers(model)
-    opt = optim.AdamW(1e-3)
-    opt.init(model.trainable_parameters())
-    step = make_step(model, opt, group)
+    # Each rank's loss and gradients, the gradients averaged over the ranks, compiled, staged.
+    step = nv.TrainingStep(model, lambda m, x, y: nn.losses.cross_entropy(m(x), y).mean(), optim.AdamW(1e-3))
     x, y = shard(group)
     rank0 = group.rank() == 0
     if rank0:
@@ -96,15 +76,17 @@ def main(checkpoint: bool) -> None:
     for i in range(STEPS):
         nv.memory.reset_peak()
         start = time.perf_counter()
-        loss = step(x, y)
-        nv.eval(loss, model.parameters(), opt.state)
+        loss = mx.distributed.all_sum(step(x, y), group=group) / group.size()  # the whole batch's loss
         seconds = time.perf_counter() - start
         # Each rank's high-water mark in this step (weights, optimizer state,
         # activations). all_stats is collective: every rank must call it.
         peaks = [s.peak / 2**20 for s in nv.memory.all_stats(group)]
         if rank0:
-            print(f"step {i} loss {loss.item():.4f} time {seconds:.2f} s peak per rank "
-                  + ", ".join(f"{p:.1f}" for p in peaks) + " MiB")
+            print(
+                f"step {i} loss {loss.item():.4f} time {seconds:.2f} s peak per rank "
+                + ", ".join(f"{p:.1f}" for p in peaks)
+                + " MiB"
+            )
 
 
 if __name__ == "__main__":
