@@ -60,6 +60,7 @@ def arrays(tree: Any) -> list[mx.array]:
     :func:`mlx.utils.tree_reduce`, which builds no path strings: the registry of
     steps reads every array of a step's state on each call.
     """
+
     def add(found: list[mx.array], x: Any) -> list[mx.array]:
         if isinstance(x, mx.array):
             found.append(x)

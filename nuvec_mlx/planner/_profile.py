@@ -99,9 +99,21 @@ class Profile:
 
 
 def spread(readings: Sequence[StepReading]) -> int:
-    """The most any stage's peak (above the step's start) differed between the readings of one step."""
+    """The most any stage's peak (above the step's start) differed between the readings of one step.
+
+    Where a stage passed the throttle (start + ``free``), only above it: below
+    it MLX's evaluator runs ahead freely, as far as the host gets before the
+    worker thread, so a busy machine shows as a low reading there, not as a
+    higher peak; above it the evaluator waits, and what varies is whether one
+    more array is in flight at the peak.
+    """
+    free = min((r.free for r in readings), default=float("inf"))
     stages = zip(*([s.peak - r.start for s in r.stages] for r in readings))
-    return max((max(peaks) - min(peaks) for peaks in stages), default=0)
+
+    def low(peaks: Sequence[int]) -> float:
+        return max(min(peaks), free) if max(peaks) > free else min(peaks)
+
+    return max((int(max(peaks) - low(peaks)) for peaks in stages), default=0)
 
 
 def highest(readings: Sequence[StepReading]) -> StepReading:

@@ -40,6 +40,7 @@ class StepReading:
     peak: int  # the highest active memory during it
     seconds: float  # from the step's call to the end of its evaluation
     stages: list[StageReading]
+    free: float = float("inf")  # the throttle: how far above the start the evaluator ran ahead freely
 
 
 def as_batch(batch: Any) -> tuple:
@@ -127,7 +128,8 @@ class Trial:
         runs unobserved, with the step's own settings, and every reading's peak
         is at least that step's.
         """
-        readings = []
+        readings, free = [], self.step.throttle
+        free = memory.current_throttle() if free is None else free
         with self._fresh(batch) as (run, undo):
             for _ in range(steps):
                 held = self._copies()
@@ -138,7 +140,7 @@ class Trial:
                     seconds = time.perf_counter() - begin
                 undo()
                 stages = [dataclasses.replace(r, active=r.active - held, peak=r.peak - held) for r in t.readings]
-                readings.append(StepReading(m.start - held, max(r.peak for r in stages), seconds, stages))
+                readings.append(StepReading(m.start - held, max(r.peak for r in stages), seconds, stages, free))
             if as_run:
                 held = self._copies()
                 with memory.measure() as m:

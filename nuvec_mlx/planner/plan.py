@@ -188,7 +188,7 @@ class Planner:
         """The fastest rule whose profiled step fits ``budget`` (with the margin between its repeats)
         and runs faster than the ``mix`` (:meth:`._trial.Trial.time`; each rule's once), verified as
         it runs; else ``None``."""
-        fitting = [name for name, (_, r) in self.rules.items() if highest(r).peak + spread(r) <= budget]
+        fitting = [name for name, (_, r) in self.rules.items() if highest(r).peak + self._margin(r) <= budget]
         if not fitting:
             return None
         for name in fitting:
@@ -210,7 +210,12 @@ class Planner:
         # Its prediction is what the decision took: its profiled peak and the margin between repeats.
         reading = dataclasses.replace(reading, seconds=self.rule_seconds[name])
         choice = _choose.Choice(modes, observed.peak - observed.start, cost, at)
-        return _Rule(name, _Verified(choice, reading, spread(readings)), mix_seconds)
+        return _Rule(name, _Verified(choice, reading, self._margin(readings)), mix_seconds)
+
+    def _margin(self, readings: Sequence[_trial.StepReading]) -> int:
+        """A fixed rule's margin: the spread between its repeats, at least the planner's (two repeats of
+        one rule can both miss the array in flight at its peak)."""
+        return max(spread(readings), self.jitter())
 
     def _options(self) -> tuple[list[list[_choose.Option]], int]:
         """Each block's options, and the outputs stage's peak (all above the step's start)."""
