@@ -181,7 +181,7 @@ def _largest_fit(
         predicted = solve(peaks, budget, multiple)
         guess = predicted
         for _ in range(tries):
-            close = max(multiple, math.ceil(tolerance * fit / multiple) * multiple)
+            close = max(multiple, math.floor(tolerance * fit / multiple) * multiple)
             if below is not None and below - fit <= close:
                 break
             # Within the bracket; above the fit by `close` at least while nothing above failed.
