@@ -2,9 +2,10 @@
 
 Inside :func:`timeline`, :func:`nuvec_mlx.eval` reads MLX's memory after
 every stage (after :func:`mlx.core.synchronize`): the active memory, and the
-peak the stage reached (MLX's peak counter is reset after each reading, so
-``nv.memory.measure`` inside a timeline sees only the last stage's peak). The
-result names where the step peaks, and writes JSON and a PNG plot.
+peak the stage reached (MLX's peak counter is reset after each reading;
+``nv.memory.measure`` and ``nv.memory.ceiling``, nested either way, still see
+their own peaks). The result names where the step peaks, and writes JSON and a
+PNG plot.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from . import _marks, _registry
+from . import _marks, _peak, _registry
 
 MiB = 1 << 20
 
@@ -144,8 +145,9 @@ class Timeline:
 
 
 class _Recorder:
-    def __init__(self, result: Timeline):
+    def __init__(self, result: Timeline, stage: _peak.Window):
         self.result, self.start, self.evaluation = result, time.perf_counter(), -1
+        self.stage = stage  # the peak since the last reading
         self.forward = self.backward = 0
 
     def __call__(self, index: int, count: int, stage_kind: str) -> None:
@@ -166,10 +168,10 @@ class _Recorder:
                 block if known else None,
                 time.perf_counter() - self.start,
                 mx.get_active_memory(),
-                mx.get_peak_memory(),
+                self.stage.peak(),
             )
         )
-        mx.reset_peak_memory()
+        self.stage.restart()
 
 
 @contextlib.contextmanager
@@ -183,7 +185,5 @@ def timeline() -> Iterator[Timeline]:
         >>> t.plot("timeline.png")
     """
     result = Timeline()
-    mx.synchronize()
-    mx.reset_peak_memory()
-    with _registry.observing(_Recorder(result)):
+    with _peak.window() as stage, _registry.observing(_Recorder(result, stage)):
         yield result

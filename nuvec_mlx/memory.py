@@ -20,7 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from . import _validate
+from . import _peak, _validate
 from ._ceiling import ceiling
 from ._timeline import StageReading, Timeline, timeline
 
@@ -81,9 +81,11 @@ def stats() -> Stats:
 
 
 def reset_peak() -> None:
-    """Reset the peak counter to the active memory, after queued work has finished."""
-    mx.synchronize()
-    mx.reset_peak_memory()
+    """Reset the peak counter to the active memory, after queued work has finished.
+
+    A :func:`measure`, :func:`timeline` or :func:`ceiling` open around it keeps the peak it saw before.
+    """
+    _peak.reset()
 
 
 @dataclasses.dataclass
@@ -114,6 +116,10 @@ class Measurement:
 def measure(clear_cache: bool = True) -> Iterator[Measurement]:
     """Measure the peak memory of a block, above what was active at entry.
 
+    It resets MLX's peak counter (:func:`mlx.core.get_peak_memory` no longer
+    shows what came before); measurements, timelines and ceilings nested in
+    any order each still see their own peak.
+
     Args:
         clear_cache: free MLX's buffer cache at entry (the default), so that
             the block's allocations are not served from buffers freed earlier.
@@ -128,13 +134,12 @@ def measure(clear_cache: bool = True) -> Iterator[Measurement]:
     if clear_cache:
         mx.clear_cache()
     m = Measurement(start=mx.get_active_memory())
-    mx.reset_peak_memory()
-    try:
-        yield m
-    finally:
-        mx.synchronize()
-        m.end = mx.get_active_memory()
-        m.rise = max(0, mx.get_peak_memory() - m.start)
+    with _peak.window() as seen:
+        try:
+            yield m
+        finally:
+            m.rise = max(0, seen.peak() - m.start)
+            m.end = mx.get_active_memory()
 
 
 @contextlib.contextmanager
