@@ -32,7 +32,8 @@ class Window:
     def peak(self) -> int:
         """The peak so far (read after :func:`mlx.core.synchronize`)."""
         mx.synchronize()
-        return max(self._seen, mx.get_peak_memory())
+        # MLX's reset sets the counter to 0, not to the active memory: until the next allocation it reads low.
+        return max(self._seen, mx.get_peak_memory(), mx.get_active_memory())
 
     def restart(self) -> None:
         """Start afresh from the memory active now."""

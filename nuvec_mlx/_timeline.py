@@ -2,10 +2,10 @@
 
 Inside :func:`timeline`, :func:`nuvec_mlx.eval` reads MLX's memory after
 every stage (after :func:`mlx.core.synchronize`): the active memory, and the
-peak the stage reached (MLX's peak counter is reset after each reading;
-``nv.memory.measure`` and ``nv.memory.ceiling``, nested either way, still see
-their own peaks). The result names where the step peaks, and writes JSON and a
-PNG plot.
+peak the stage reached (MLX's peak counter is reset as each evaluation starts
+and after each reading; ``nv.memory.measure`` and ``nv.memory.ceiling``,
+nested either way, still see their own peaks). The result names where the step
+peaks, and writes JSON and a PNG plot.
 """
 
 from __future__ import annotations
@@ -185,5 +185,5 @@ def timeline() -> Iterator[Timeline]:
         >>> t.plot("timeline.png")
     """
     result = Timeline()
-    with _peak.window() as stage, _registry.observing(_Recorder(result, stage)):
+    with _peak.window() as stage, _registry.observing(_Recorder(result, stage), stage.restart):
         yield result

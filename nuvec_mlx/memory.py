@@ -72,9 +72,10 @@ def stats() -> Stats:
         True
     """
     mx.synchronize()
+    active = mx.get_active_memory()
     return Stats(
-        active=mx.get_active_memory(),
-        peak=mx.get_peak_memory(),
+        active=active,
+        peak=max(mx.get_peak_memory(), active),  # MLX's reset sets it to 0 until the next allocation
         cache=mx.get_cache_memory(),
         limit=mx.get_memory_limit(),
     )
