@@ -19,7 +19,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from . import _marks, _peak, _registry
+from . import _marks, _peak, _registry, _validate
 
 MiB = 1 << 20
 
@@ -90,7 +90,7 @@ class Timeline:
 
     def save_json(self, path: str | Path) -> Path:
         """Write :meth:`to_dict` as JSON to ``path``."""
-        path = Path(path)
+        path = _validate.check_path(path, "path")
         path.write_text(json.dumps(self.to_dict(), indent=1))
         return path
 
@@ -101,6 +101,8 @@ class Timeline:
         its own, without pyplot: the backend and figures of a notebook or script
         are left as they were.
         """
+        path = _validate.check_path(path, "path")
+        _validate.check_str(title, "title")
         try:
             from matplotlib.figure import Figure
         except ImportError as e:  # pragma: no cover - depends on the environment
@@ -139,7 +141,6 @@ class Timeline:
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
         fig.tight_layout()
-        path = Path(path)
         fig.savefig(path, dpi=120)
         return path
 

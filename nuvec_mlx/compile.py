@@ -50,6 +50,8 @@ class Compiled:
     """
 
     def __init__(self, fn: Callable, inputs: Any = None, outputs: Any = None, shapeless: bool = False):
+        _validate.check_callable(fn, "fn")
+        _validate.check_bool(shapeless, "shapeless")
         functools.update_wrapper(self, fn)
         self._outputs = outputs
         # What MLX compiles must not refer back to self: a reference cycle

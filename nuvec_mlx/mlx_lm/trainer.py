@@ -128,8 +128,9 @@ def train(
     default loss is computed with the loss head in chunks of tokens
     (:func:`nuvec_mlx.mlx_lm.chunked_loss`); a loss of your own is used as it
     is. Each report line ends with the highest peak memory of the steps since
-    the last report (active memory, weights and optimizer state included, read after :func:`mlx.core.synchronize` by
-    :func:`nuvec_mlx.memory.measure` without clearing the cache); the callbacks
+    the last report (active memory, weights and optimizer state included, read
+    after :func:`mlx.core.synchronize` by :func:`nuvec_mlx.memory.measure`
+    without clearing the cache); the callbacks
     get it as ``step_peak_memory`` (GB), beside mlx-lm's ``peak_memory``. As
     mlx-lm's, it sets MLX's wired limit on a Mac
     (``mlx_lm.utils.maybe_set_recommended_wired_limit``).
@@ -153,6 +154,13 @@ def train(
     if not isinstance(args, TrainingArgs):
         raise TypeError(f"args must be an mlx_lm.tuner.trainer.TrainingArgs, got {type(args).__name__}")
     _validate.check_callable(iterate_batches, "iterate_batches")
+    if training_callback is not None and not all(
+        callable(getattr(training_callback, name, None)) for name in ("on_train_loss_report", "on_val_loss_report")
+    ):
+        raise TypeError(
+            "training_callback must be None or an mlx_lm TrainingCallback (on_train_loss_report, on_val_loss_report), "
+            f"got {type(training_callback).__name__}"
+        )
     _validate.check_int(args.grad_accumulation_steps, "grad_accumulation_steps", minimum=1)
     if args.grad_checkpoint and loss is default_loss:
         loss = loss_for(_chunk(loss_chunk, "loss_chunk"))
