@@ -20,7 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from . import _peak, _validate
+from . import _distributed, _peak, _validate
 from ._ceiling import ceiling
 from ._timeline import StageReading, Timeline, timeline
 
@@ -243,6 +243,4 @@ def all_stats(group: mx.distributed.Group | None = None) -> list[Stats]:
         group = mx.distributed.init()
     elif not isinstance(group, mx.distributed.Group):
         raise TypeError(f"group must be an mlx.core.distributed.Group or None, got {type(group).__name__}")
-    own = dataclasses.astuple(stats())
-    gathered = mx.distributed.all_gather(mx.array(own, dtype=mx.int64), group=group)
-    return [Stats(*row) for row in gathered.reshape(group.size(), len(own)).tolist()]
+    return [Stats(*row) for row in _distributed.gather(dataclasses.astuple(stats()), group)]
