@@ -56,13 +56,15 @@ class StepPeaks:
 
 
 def peak_text(nbytes: int) -> str:
-    """A peak in GB as mlx-lm writes memory (MB below 0.1 GB).
+    """A peak in GB as mlx-lm writes memory (MB below 0.1 GB, kB below 0.1 MB).
 
     Example:
-        >>> peak_text(1_234_000_000), peak_text(45_600_000)
-        ('1.234 GB', '45.6 MB')
+        >>> peak_text(1_234_000_000), peak_text(45_600_000), peak_text(1024)
+        ('1.234 GB', '45.6 MB', '1.0 kB')
     """
-    return f"{nbytes / 1e9:.3f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.1f} MB"
+    if nbytes >= 1e8:
+        return f"{nbytes / 1e9:.3f} GB"
+    return f"{nbytes / 1e6:.1f} MB" if nbytes >= 1e5 else f"{nbytes / 1e3:.1f} kB"
 
 
 class _Line:

@@ -36,7 +36,7 @@ Run = Callable[[argparse.Namespace], None]
 
 
 @contextlib.contextmanager
-def _swapped(owner: Any, name: str, value: Any) -> Iterator[None]:
+def swapped(owner: Any, name: str, value: Any) -> Iterator[None]:
     """``owner.name`` is ``value`` inside, and what it was after."""
     held = getattr(owner, name)
     setattr(owner, name, value)
@@ -79,10 +79,10 @@ def run_mlx_lm_lora(
     defaults = {k: v for k, v in lora.CONFIG_DEFAULTS.items() if k not in ("num_layers", *unset)}
     command = [prog, *(sys.argv[1:] if argv is None else argv)]
     with (
-        _swapped(sys, "argv", command),
-        _swapped(lora, "build_parser", build_parser),
-        _swapped(lora, "CONFIG_DEFAULTS", defaults),
-        _swapped(lora, "run", run),
+        swapped(sys, "argv", command),
+        swapped(lora, "build_parser", build_parser),
+        swapped(lora, "CONFIG_DEFAULTS", defaults),
+        swapped(lora, "run", run),
     ):
         lora.main()
 
@@ -119,10 +119,10 @@ def preparing(prog: str, rows: Callable[[Any], list[tuple[str, str]]]) -> Iterat
         def panel(console: Any, title: str, mlx_lm_rows: list[tuple[str, str]]) -> None:
             mlx_lm_panel(console, prog, [*mlx_lm_rows, *rows(args)])
 
-        with _swapped(cli_ui, "print_header_panel", panel):
+        with swapped(cli_ui, "print_header_panel", panel):
             return mlx_lm_train_model(args, model, *rest, **kwargs)
 
-    with _swapped(lora, "train_model", train_model):
+    with swapped(lora, "train_model", train_model):
         yield
 
 
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
             "plan": None if args.plan is None else _load_plan(args.plan),
         }
         trainer = functools.partial(_train, settings)
-        with _swapped(lora, "train", trainer), preparing(PROG, functools.partial(_rows, settings)):
+        with swapped(lora, "train", trainer), preparing(PROG, functools.partial(_rows, settings)):
             mlx_lm_run(args)
 
     run_mlx_lm_lora(PROG, DESCRIPTION, argv, _add_arguments, run)
