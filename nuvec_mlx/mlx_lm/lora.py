@@ -155,7 +155,10 @@ def main(argv: list[str] | None = None) -> None:
         given = [k for k in NEED_GRAD_CHECKPOINT if getattr(args, k) is not None]
         if given and not args.grad_checkpoint:
             flags = ", ".join("--" + k.replace("_", "-") for k in given)
-            fail(PROG, f"{flags} act on the checkpointed blocks: pass --grad-checkpoint too")
+            fail(
+                PROG,
+                f"{flags} {'needs' if len(given) == 1 else 'need'} --grad-checkpoint (which checkpoints the blocks)",
+            )
         if args.plan is not None and args.attention_chunk is not None:
             fail(
                 PROG,
