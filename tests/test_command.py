@@ -196,3 +196,9 @@ def test_the_installed_command_runs(folder):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "fits 67.1 MB" in ANSI.sub("", done.stdout)
+
+
+def test_the_deprecated_no_report_flag_still_parses_and_warns(folder, capsys):
+    with pytest.warns(FutureWarning, match="--no-report"), pytest.raises(SystemExit):
+        command.main(["--model", str(folder), "--no-report", "--budget", "lots"])
+    assert "--budget: a size is a number and a unit" in capsys.readouterr().err

@@ -38,7 +38,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from .. import policies
+from .. import _validate, policies
 from ..planner import Fit, Plan, largest_fit, plan, saved_activations
 from ..step import TrainingStep
 from . import lora
@@ -116,10 +116,13 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="nuvec: verify the plan as evaluated with nv.eval(..., synchronize=True) (CUDA: a steadier peak)",
     )
     parser.add_argument("--json", help="nuvec: also write the plan, settings and answers to this file")
+    parser.add_argument("--no-report", action="store_true", help=argparse.SUPPRESS)  # deprecated: --details
 
 
 def _checked(args: Any) -> tuple[int, list[Any]]:
     """The budget and the policies of the command line, or a command-line error that says what is wrong."""
+    if args.no_report:
+        _validate.deprecated("nuvec-mlx-plan --no-report (the report is printed only with --details)", "no flag")
     if args.budget is None:
         lora.fail(PROG, "--budget is required: the peak MLX memory the step may reach, e.g. 12GB or 11GiB")
     try:
