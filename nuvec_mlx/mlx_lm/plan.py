@@ -217,7 +217,7 @@ class _Planning:
                 + ("" if found.fits else " (it does not fit the budget)")
                 + f": train with nuvec-mlx-lora ... --grad-checkpoint --plan {command.save}"
             )
-        print("\n".join(lines))
+        print("\n".join(line for line in lines if line))  # a search that found nothing says nothing
         if command.details:
             print("\n" + str(found))
             report = saved_activations(step, batch, policy=policies.save_matmuls)
