@@ -62,8 +62,10 @@ def window() -> Iterator[Window]:
     """
     w = Window()
     w.restart()
-    _open.add(w)
+    with _lock:  # threads open and reset windows too
+        _open.add(w)
     try:
         yield w
     finally:
-        _open.discard(w)
+        with _lock:
+            _open.discard(w)
