@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import mlx.core as mx
 
@@ -16,4 +17,4 @@ def gather(values: Sequence[int], group: mx.distributed.Group) -> list[list[int]
         >>> gather([peak], mx.distributed.init())  # [[rank 0's peak], [rank 1's peak], ...]
     """
     gathered = mx.distributed.all_gather(mx.array(list(values), dtype=mx.int64), group=group)
-    return gathered.reshape(group.size(), len(values)).tolist()
+    return cast("list[list[int]]", gathered.reshape(group.size(), len(values)).tolist())

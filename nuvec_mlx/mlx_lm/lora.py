@@ -220,15 +220,16 @@ def _rows(settings: dict[str, Any], args: Any) -> list[tuple[str, str]]:
     ]
 
 
-def _train(settings: dict[str, Any], model: Any, *args: Any, **kwargs: Any) -> None:
-    """:func:`train` with nuvec's ``settings``, once the plan among them is found to fit the model."""
+def _train(settings: dict[str, Any], **kwargs: Any) -> None:
+    """:func:`train` with nuvec's ``settings`` (mlx-lm passes the rest by keyword), once the plan among them
+    is found to fit the model."""
     plan = settings["plan"]
     if plan is not None:
-        names = {name for name, _ in model.named_modules()}
+        names = {name for name, _ in kwargs["model"].named_modules()}
         missing = [b.name for b in plan.blocks if b.name not in names]
         if missing:
             fail(PROG, f"--plan: the model has no blocks named {missing[:3]}: the plan was made for another model")
-    train(model, *args, **settings, **kwargs)
+    train(**kwargs, **settings)
 
 
 def _load_plan(path: str) -> Any:

@@ -34,7 +34,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 
@@ -162,11 +162,12 @@ def _run(args: Any) -> dict[str, Any]:
     from mlx_lm.utils import load
 
     planning = _Planning(args, *_checked(args))
-    model, tokenizer = load(
+    loaded = load(
         args.model,
         tokenizer_config={"trust_remote_code": args.trust_remote_code},
         trust_remote_code=args.trust_remote_code,
     )
+    model, tokenizer = loaded[0], cast(Any, loaded[1])
     planning.vocabulary = getattr(getattr(model, "args", None), "vocab_size", None) or tokenizer.vocab_size
     args.train = True  # mlx-lm's dataset loading then asks for a training set
     train_set, valid_set = load_dataset(args, tokenizer)[:2] if args.data is not None else ([], [])
