@@ -11,21 +11,9 @@ import pytest
 from mlx.utils import tree_flatten
 
 import nuvec_mlx as nv
+from tests.helpers import Blocks, readme_step
 
 MiB = 1 << 20
-
-
-class Blocks(nn.Module):
-    def __init__(self, dim: int = 64, blocks: int = 6):
-        super().__init__()
-        self.layers = [
-            nn.Sequential(nn.Linear(dim, 4 * dim), nn.Tanh(), nn.Linear(4 * dim, dim)) for _ in range(blocks)
-        ]
-
-    def __call__(self, x):
-        for layer in self.layers:
-            x = x + layer(x)
-        return x
 
 
 def training_step():
@@ -132,7 +120,7 @@ def loss_fn(model, x):
     return (model(nn.Dropout(0.1)(x)) ** 2).mean()
 
 
-def readme_step(kind: str):
+def a_step(kind: str):
     """A checkpointed model, AdamW with no opt.init (its first update makes its state: the README's
     loop) and a step updating them with nv.update: nv.compile'd (``"compile"``) or nv.TrainingStep."""
     gc.collect()
@@ -142,17 +130,8 @@ def readme_step(kind: str):
     opt = optim.AdamW(1e-2)
     mx.eval(model.parameters())
     if kind == "TrainingStep":
-        training = nv.TrainingStep(model, loss_fn, opt)
-        return model, opt, training
-    state = [model.state, opt.state, mx.random.state]
-
-    @nv.compile(inputs=state, outputs=state)
-    def step(x):
-        loss, grads = nv.value_and_grad(model, loss_fn)(model, x)
-        nv.update(opt, model, grads)
-        return loss
-
-    return model, opt, lambda x: nv.eval(step(x), state)
+        return model, opt, nv.TrainingStep(model, loss_fn, opt)
+    return model, opt, readme_step(model, loss_fn, opt)[1]
 
 
 def everything(model, opt):
@@ -167,7 +146,7 @@ def test_a_stop_puts_back_the_state_the_step_creates_and_the_next_step_runs(comp
     """nv.compile's first update makes the optimizer's state (nv.TrainingStep makes it before its first step,
     as opt.init does: the other tests here stop it with its state made)."""
     kind = "compile"
-    model, opt, run = readme_step(kind)
+    model, opt, run = a_step(kind)
     x = mx.random.normal((256, 64), key=mx.random.key(1))
     mx.eval(x)
     before, state_dict = everything(model, opt), opt.state
@@ -177,7 +156,7 @@ def test_a_stop_puts_back_the_state_the_step_creates_and_the_next_step_runs(comp
     assert everything(model, opt) == before  # no moments added, nothing of the step's key in them
     assert opt.state is state_dict
     run(x)  # the next step runs, and is the step that would have run without the stop
-    reference, ref_opt, ref_run = readme_step(kind)
+    reference, ref_opt, ref_run = a_step(kind)
     ref_run(x)
     assert everything(model, opt) == everything(reference, ref_opt)
 
@@ -208,7 +187,7 @@ def only_a_peak_crosses(run, x) -> int:
 
 @pytest.mark.parametrize("kind", STEPS)
 def test_a_step_above_the_ceiling_stops_after_an_earlier_evaluation_that_peaked_higher(compiled, kind):
-    model, opt, run = readme_step(kind)
+    model, opt, run = a_step(kind)
     x = mx.random.normal((1024, 64), key=mx.random.key(1))
     start, peak = peak_of_a_step(run, x)
     limit = only_a_peak_crosses(run, x)
@@ -230,7 +209,7 @@ def test_a_step_above_the_ceiling_stops_after_an_earlier_evaluation_that_peaked_
 
 @pytest.mark.parametrize("kind", STEPS)
 def test_an_evaluation_inside_the_ceiling_is_judged_by_its_own_peak_not_by_an_earlier_one(compiled, kind):
-    model, opt, run = readme_step(kind)
+    model, opt, run = a_step(kind)
     x = mx.random.normal((64, 64), key=mx.random.key(1))
     start, peak = peak_of_a_step(run, x)
     with nv.memory.ceiling(peak + 8 * MiB):
@@ -243,7 +222,7 @@ def test_an_evaluation_inside_the_ceiling_is_judged_by_its_own_peak_not_by_an_ea
 
 @pytest.mark.parametrize("kind", STEPS)
 def test_a_ceiling_inside_a_timeline_or_a_measure_sees_each_stage_s_peak(compiled, kind):
-    model, opt, run = readme_step(kind)
+    model, opt, run = a_step(kind)
     x = mx.random.normal((1024, 64), key=mx.random.key(1))
     limit = only_a_peak_crosses(run, x)
     before = everything(model, opt)
@@ -258,7 +237,7 @@ def test_a_ceiling_inside_a_timeline_or_a_measure_sees_each_stage_s_peak(compile
 def test_a_stopped_step_leaves_no_memory_behind(compiled, kind):
     gc.disable()  # what a stop leaves must go when its last reference does, not when the collector runs
     try:
-        model, opt, run = readme_step(kind)
+        model, opt, run = a_step(kind)
         x = mx.random.normal((1024, 64), key=mx.random.key(1))
         start, peak = peak_of_a_step(run, x)
         with nv.memory.ceiling(start + (peak - start) // 2):
@@ -279,7 +258,7 @@ def test_a_stopped_step_leaves_no_memory_behind(compiled, kind):
 def test_steps_inside_a_ceiling_hold_no_state_after_them(compiled, kind):
     gc.disable()
     try:
-        model, opt, run = readme_step(kind)
+        model, opt, run = a_step(kind)
         x = mx.random.normal((256, 64), key=mx.random.key(1))
         start, peak = peak_of_a_step(run, x)
         with nv.memory.ceiling(1 << 40):
@@ -303,7 +282,7 @@ def held_by_the_undo(model, opt) -> int:
 
 @pytest.mark.parametrize("kind", STEPS)
 def test_a_step_inside_a_ceiling_peaks_at_most_what_its_undo_holds_above_the_same_step_outside(compiled, kind):
-    model, opt, run = readme_step(kind)
+    model, opt, run = a_step(kind)
     x = mx.random.normal((256, 64), key=mx.random.key(1))
     _, outside = peak_of_a_step(run, x)
     held = held_by_the_undo(model, opt)

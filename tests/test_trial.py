@@ -3,27 +3,14 @@ optimizer (a MultiOptimizer too), model and state dicts are the same objects aft
 before keep updating them."""
 
 import mlx.core as mx
-import mlx.nn as nn
 import mlx.optimizers as optim
 import pytest
 from mlx.utils import tree_flatten
 
 import nuvec_mlx as nv
+from tests.helpers import Blocks, readme_step
 
 MiB = 1 << 20
-
-
-class Blocks(nn.Module):
-    def __init__(self, dim: int = 32, blocks: int = 3):
-        super().__init__()
-        self.layers = [
-            nn.Sequential(nn.Linear(dim, 2 * dim), nn.Tanh(), nn.Linear(2 * dim, dim)) for _ in range(blocks)
-        ]
-
-    def __call__(self, x):
-        for layer in self.layers:
-            x = x + layer(x)
-        return x
 
 
 def loss_fn(model, x):
@@ -59,18 +46,12 @@ def containers(opt: optim.MultiOptimizer) -> list[int]:
 @pytest.mark.parametrize("measure", MEASURES)
 def test_a_step_compiled_before_keeps_updating_a_multi_optimizer_s_state_and_retraces(compiled, measure):
     mx.random.seed(0)
-    model = Blocks()
+    model = Blocks(dim=32, hidden=64, blocks=3)
     nv.checkpoint_layers(model)
     opt = multi_optimizer()
     opt.init(model.trainable_parameters())
     mx.eval(model.parameters(), opt.state)
-    state = [model.state, opt.state, mx.random.state]
-
-    @nv.compile(inputs=state, outputs=state)
-    def step(x):
-        loss, grads = nv.value_and_grad(model, loss_fn)(model, x)
-        nv.update(opt, model, grads)
-        return loss
+    _, run = readme_step(model, loss_fn, opt)
 
     x = mx.random.normal((64, 32), key=mx.random.key(1))
     before = containers(opt)
@@ -79,7 +60,7 @@ def test_a_step_compiled_before_keeps_updating_a_multi_optimizer_s_state_and_ret
     assert containers(opt) == before  # the same dicts, which the compiled step holds
     assert [(k, v.tolist()) for k, v in tree_flatten(model.parameters())] == parameters
     for _ in range(2):
-        nv.eval(step(x), state)
+        run(x)
     assert opt.optimizers[0].state["step"].item() == 2 and opt.optimizers[1].state["step"].item() == 2
-    nv.eval(step(x[:32]), state)  # another shape: traced again, with the state it holds
+    run(x[:32])  # another shape: traced again, with the state it holds
     assert opt.optimizers[0].state["step"].item() == 3
