@@ -239,6 +239,29 @@ def copy_arrays(tree: Any) -> int:
     return sum(a.nbytes for a in copies.values())
 
 
+def _hold(tree: Any, held: list[tuple[Any, Any]]) -> None:
+    """Append each list and dict in ``tree`` with a shallow copy of what it holds (and the random key).
+
+    A function of the module, not a closure of :func:`snapshot`: a closure that calls itself is a
+    reference cycle, which would keep what it holds alive until the garbage collector runs.
+    """
+    if tree is mx.random.state:
+        held.append((tree, _random.key()))
+        return
+    if isinstance(tree, dict):
+        held.append((tree, dict(tree)))
+        children: Any = tree.values()
+    elif isinstance(tree, list):
+        held.append((tree, list(tree)))
+        children = tree
+    elif isinstance(tree, tuple):
+        children = tree
+    else:
+        return
+    for child in children:
+        _hold(child, held)
+
+
 def snapshot(tree: Any) -> Callable[[], None]:
     """Remember what the lists and dicts in ``tree`` hold (the state a compiled step updates); the
     function returned puts it back in place: the same containers, holding what they held, keys the
@@ -253,25 +276,7 @@ def snapshot(tree: Any) -> Callable[[], None]:
         >>> undo()
     """
     held: list[tuple[Any, Any]] = []  # (container, what it held)
-
-    def visit(t: Any) -> None:
-        if t is mx.random.state:
-            held.append((t, _random.key()))
-            return
-        if isinstance(t, dict):
-            held.append((t, dict(t)))
-            children: Any = t.values()
-        elif isinstance(t, list):
-            held.append((t, list(t)))
-            children = t
-        elif isinstance(t, tuple):
-            children = t
-        else:
-            return
-        for child in children:
-            visit(child)
-
-    visit(tree)
+    _hold(tree, held)
 
     def undo() -> None:
         for container, contents in held:

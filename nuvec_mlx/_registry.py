@@ -11,8 +11,8 @@ forgotten before :func:`nuvec_mlx.eval` took it was evaluated some other way
 :class:`nuvec_mlx.NotStagedWarning`.
 
 Observers (:func:`observing`) are told after each stage that
-:func:`nuvec_mlx.eval` evaluates: the memory timeline and the ceiling read
-memory there.
+:func:`nuvec_mlx.eval` evaluates, and when an evaluation starts: the memory
+timeline and the ceiling read memory there.
 """
 
 from __future__ import annotations
@@ -137,21 +137,23 @@ def hand_on(arrays: Sequence[mx.array], stages: Sequence[mx.array], undo: Callab
         collector.extend(stages)
 
 
-# Callbacks that nv.eval calls after each stage: (index, count, kind) -> None.
-_observers: contextvars.ContextVar[tuple[Callable[[int, int, str], None], ...]] = contextvars.ContextVar(
+# What nv.eval tells: after each stage, (index, count, kind) -> None; as an evaluation starts, () -> None.
+_Observer = tuple[Callable[[int, int, str], None], Callable[[], None] | None]
+_observers: contextvars.ContextVar[tuple[_Observer, ...]] = contextvars.ContextVar(
     "nuvec_mlx_stage_observers", default=()
 )
 
 
 @contextlib.contextmanager
-def observing(callback: Callable[[int, int, str], None]) -> Iterator[None]:
-    """Call ``callback(index, count, kind)`` after each stage :func:`nuvec_mlx.eval` evaluates inside.
+def observing(callback: Callable[[int, int, str], None], started: Callable[[], None] | None = None) -> Iterator[None]:
+    """Call ``callback(index, count, kind)`` after each stage :func:`nuvec_mlx.eval` evaluates inside,
+    and ``started()`` (if given) as each evaluation starts.
 
     ``index`` counts from 0 to ``count``: the stages, then the evaluation of the
     arrays themselves (``kind`` ``"outputs"``); a callback that raises stops the
     evaluation there.
     """
-    token = _observers.set((*_observers.get(), callback))
+    token = _observers.set((*_observers.get(), (callback, started)))
     try:
         yield
     finally:
@@ -163,7 +165,14 @@ def observed() -> bool:
     return bool(_observers.get())
 
 
+def starting() -> None:
+    """Tell the observers in force that an evaluation starts."""
+    for _, started in _observers.get():
+        if started is not None:
+            started()
+
+
 def evaluated(index: int, count: int, stage_kind: str) -> None:
     """Tell the observers in force that stage ``index`` of ``count`` has been evaluated."""
-    for callback in _observers.get():
+    for callback, _ in _observers.get():
         callback(index, count, stage_kind)

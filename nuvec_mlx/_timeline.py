@@ -2,9 +2,10 @@
 
 Inside :func:`timeline`, :func:`nuvec_mlx.eval` reads MLX's memory after
 every stage (after :func:`mlx.core.synchronize`): the active memory, and the
-peak the stage reached (MLX's peak counter is reset after each reading, so
-``nv.memory.measure`` inside a timeline sees only the last stage's peak). The
-result names where the step peaks, and writes JSON and a PNG plot.
+peak the stage reached (MLX's peak counter is reset as each evaluation starts
+and after each reading; ``nv.memory.measure`` and ``nv.memory.ceiling``,
+nested either way, still see their own peaks). The result names where the step
+peaks, and writes JSON and a PNG plot.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from . import _marks, _registry
+from . import _marks, _peak, _registry, _validate
 
 MiB = 1 << 20
 
@@ -89,7 +90,7 @@ class Timeline:
 
     def save_json(self, path: str | Path) -> Path:
         """Write :meth:`to_dict` as JSON to ``path``."""
-        path = Path(path)
+        path = _validate.check_path(path, "path")
         path.write_text(json.dumps(self.to_dict(), indent=1))
         return path
 
@@ -100,6 +101,8 @@ class Timeline:
         its own, without pyplot: the backend and figures of a notebook or script
         are left as they were.
         """
+        path = _validate.check_path(path, "path")
+        _validate.check_str(title, "title")
         try:
             from matplotlib.figure import Figure
         except ImportError as e:  # pragma: no cover - depends on the environment
@@ -138,14 +141,14 @@ class Timeline:
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
         fig.tight_layout()
-        path = Path(path)
         fig.savefig(path, dpi=120)
         return path
 
 
 class _Recorder:
-    def __init__(self, result: Timeline):
+    def __init__(self, result: Timeline, stage: _peak.Window):
         self.result, self.start, self.evaluation = result, time.perf_counter(), -1
+        self.stage = stage  # the peak since the last reading
         self.forward = self.backward = 0
 
     def __call__(self, index: int, count: int, stage_kind: str) -> None:
@@ -166,10 +169,10 @@ class _Recorder:
                 block if known else None,
                 time.perf_counter() - self.start,
                 mx.get_active_memory(),
-                mx.get_peak_memory(),
+                self.stage.peak(),
             )
         )
-        mx.reset_peak_memory()
+        self.stage.restart()
 
 
 @contextlib.contextmanager
@@ -183,7 +186,5 @@ def timeline() -> Iterator[Timeline]:
         >>> t.plot("timeline.png")
     """
     result = Timeline()
-    mx.synchronize()
-    mx.reset_peak_memory()
-    with _registry.observing(_Recorder(result)):
+    with _peak.window() as stage, _registry.observing(_Recorder(result, stage), stage.restart):
         yield result

@@ -8,8 +8,10 @@ was expected.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -30,6 +32,11 @@ def name_of(fn: object) -> str:
 def is_differentiable(x: mx.array) -> bool:
     """Whether ``x`` has a floating-point dtype, the only kind MLX differentiates."""
     return mx.issubdtype(x.dtype, mx.inexact)
+
+
+def describe(value: object) -> str:
+    """An array's shape, or another value's type, for messages."""
+    return f"shape {tuple(value.shape)}" if isinstance(value, mx.array) else type(value).__name__
 
 
 def check_callable(fn: object, name: str) -> object:
@@ -77,6 +84,20 @@ def check_gradients(gradients: object, model: nn.Module) -> None:
             raise ValueError(
                 f"gradients[{name!r}] must be an array of shape {tuple(params[name].shape)} as the parameter, got {got}"
             )
+
+
+def check_path(path: object, name: str) -> Path:
+    """``path`` as a :class:`pathlib.Path`, if it is a str or an ``os.PathLike``."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a str or an os.PathLike, got {type(path).__name__}")
+    return Path(path)
+
+
+def check_str(value: object, name: str) -> str:
+    """``value`` if it is a str, else ``TypeError``."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    return value
 
 
 def check_int(value: object, name: str, minimum: int) -> int:

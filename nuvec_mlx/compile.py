@@ -13,6 +13,7 @@ out), with the random state as compile state.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,13 +50,16 @@ class Compiled:
     """
 
     def __init__(self, fn: Callable, inputs: Any = None, outputs: Any = None, shapeless: bool = False):
+        _validate.check_callable(fn, "fn")
+        _validate.check_bool(shapeless, "shapeless")
         functools.update_wrapper(self, fn)
         self._outputs = outputs
         # What MLX compiles must not refer back to self: a reference cycle
         # would keep the step (and what its function captures) alive until the
         # garbage collector runs, instead of until its last reference goes.
         self._trace = _Trace(fn)
-        self._compiled = mx.compile(self._trace, inputs=inputs, outputs=outputs, shapeless=shapeless)
+        self._compile = functools.partial(mx.compile, inputs=inputs, outputs=outputs, shapeless=shapeless)
+        self._compiled = self._compile(self._trace)
 
     @property
     def traces(self) -> int:
@@ -79,15 +83,29 @@ class Compiled:
 
     def _snapshot(self) -> Callable[[], None]:
         """What puts the ``outputs`` state back as it is now, the state the step's staged updates
-        create (an optimizer's first moments) removed and their optimizers set to fill it in again."""
-        put_back, trace = _pytree.snapshot(self._outputs), self._trace
+        create (an optimizer's first moments) removed and their optimizers set to fill it in again;
+        the next call then traces afresh."""
+        put_back, trace, me = _pytree.snapshot(self._outputs), self._trace, weakref.ref(self)
 
         def undo() -> None:
             put_back()
             for optimizer in trace.optimizers:  # read after the call: its first trace finds them
                 optimizer.state = optimizer.state  # uninitialised: the next update fills in what it lacks
+            compiled = me()
+            if compiled is not None:
+                compiled._retrace()
 
         return undo
+
+    def _retrace(self) -> None:
+        """Trace again at the next call. MLX writes a call's ``outputs`` state back by position, in the
+        order of the trace's: a trace made with state the put-back removed would write an optimizer's
+        moments where other state now is (the random key), and MLX would reuse it, since the state put
+        back has the shapes the trace began with."""
+        count = self._trace.count
+        self._trace = _Trace(self._trace.fn)
+        self._trace.count = count
+        self._compiled = self._compile(self._trace)  # MLX drops the old traces with the old function
 
 
 def compile(

@@ -150,6 +150,7 @@ def _evaluate_stages(stages: list[mx.array], arrays: tuple[Any, ...], ahead: int
     waited for; with ``synchronize``, :func:`mlx.core.synchronize` after each stage."""
     work = [(stage,) for stage in stages] + [arrays]
     queued = 0  # work[:queued] is on the device's queue
+    _registry.starting()
     for i, item in enumerate(work):
         while ahead and queued < min(len(work), i + 1 + ahead):
             mx.async_eval(*work[queued])

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -86,10 +85,10 @@ def cross_entropy(
     _validate.check_callable(head, "head")
     for value, name, ndim in ((hidden, "hidden", 3), (targets, "targets", 2)):
         if not isinstance(value, mx.array) or value.ndim != ndim:
-            raise TypeError(f"{name} must be an mlx.core.array of {ndim} dimensions, got {_describe(value)}")
+            raise TypeError(f"{name} must be an mlx.core.array of {ndim} dimensions, got {_validate.describe(value)}")
     if weights is not None and (not isinstance(weights, mx.array) or weights.shape != targets.shape):
         raise ValueError(
-            f"weights must be None or an array of targets' shape {targets.shape}, got {_describe(weights)}"
+            f"weights must be None or an array of targets' shape {targets.shape}, got {_validate.describe(weights)}"
         )
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
@@ -106,7 +105,3 @@ def cross_entropy(
         part, size=chunk, in_axes=(1, 1, None if weights is None else 1), out_axes=1 if reduction == "none" else SUM
     )(hidden, targets, weights)
     return out / targets.size if reduction == "mean" else out
-
-
-def _describe(value: Any) -> str:
-    return f"shape {tuple(value.shape)}" if isinstance(value, mx.array) else type(value).__name__

@@ -20,7 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from . import _validate
+from . import _distributed, _peak, _validate
 from ._ceiling import ceiling
 from ._timeline import StageReading, Timeline, timeline
 
@@ -72,18 +72,21 @@ def stats() -> Stats:
         True
     """
     mx.synchronize()
+    active = mx.get_active_memory()
     return Stats(
-        active=mx.get_active_memory(),
-        peak=mx.get_peak_memory(),
+        active=active,
+        peak=max(mx.get_peak_memory(), active),  # MLX's reset sets it to 0 until the next allocation
         cache=mx.get_cache_memory(),
         limit=mx.get_memory_limit(),
     )
 
 
 def reset_peak() -> None:
-    """Reset the peak counter to the active memory, after queued work has finished."""
-    mx.synchronize()
-    mx.reset_peak_memory()
+    """Reset the peak counter to the active memory, after queued work has finished.
+
+    A :func:`measure`, :func:`timeline` or :func:`ceiling` open around it keeps the peak it saw before.
+    """
+    _peak.reset()
 
 
 @dataclasses.dataclass
@@ -114,6 +117,10 @@ class Measurement:
 def measure(clear_cache: bool = True) -> Iterator[Measurement]:
     """Measure the peak memory of a block, above what was active at entry.
 
+    It resets MLX's peak counter (:func:`mlx.core.get_peak_memory` no longer
+    shows what came before); measurements, timelines and ceilings nested in
+    any order each still see their own peak.
+
     Args:
         clear_cache: free MLX's buffer cache at entry (the default), so that
             the block's allocations are not served from buffers freed earlier.
@@ -128,13 +135,12 @@ def measure(clear_cache: bool = True) -> Iterator[Measurement]:
     if clear_cache:
         mx.clear_cache()
     m = Measurement(start=mx.get_active_memory())
-    mx.reset_peak_memory()
-    try:
-        yield m
-    finally:
-        mx.synchronize()
-        m.end = mx.get_active_memory()
-        m.rise = max(0, mx.get_peak_memory() - m.start)
+    with _peak.window() as seen:
+        try:
+            yield m
+        finally:
+            m.rise = max(0, seen.peak() - m.start)
+            m.end = mx.get_active_memory()
 
 
 @contextlib.contextmanager
@@ -237,6 +243,4 @@ def all_stats(group: mx.distributed.Group | None = None) -> list[Stats]:
         group = mx.distributed.init()
     elif not isinstance(group, mx.distributed.Group):
         raise TypeError(f"group must be an mlx.core.distributed.Group or None, got {type(group).__name__}")
-    own = dataclasses.astuple(stats())
-    gathered = mx.distributed.all_gather(mx.array(own, dtype=mx.int64), group=group)
-    return [Stats(*row) for row in gathered.reshape(group.size(), len(own)).tolist()]
+    return [Stats(*row) for row in _distributed.gather(dataclasses.astuple(stats()), group)]

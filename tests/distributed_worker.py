@@ -1,7 +1,9 @@
 """One rank of the data-parallel test in tests/test_distributed.py.
 
 ``python tests/distributed_worker.py OUT_DIR``, started once per rank with
-``MLX_RANK`` and ``MLX_HOSTFILE`` set for MLX's ring backend. The rank takes
+``MLX_RANK`` and ``MLX_HOSTFILE`` set for MLX's ring backend (``OUT_DIR train
+MODEL DATA`` instead fine-tunes an mlx-lm model folder with
+:func:`nuvec_mlx.mlx_lm.train`: :func:`train` below). The rank takes
 its shard of a fixed batch and runs the step of :func:`make_step` (8 residual
 MLP blocks, weight gradients averaged across ranks by
 :func:`mlx.nn.average_gradients` inside the compiled function) once plain and
@@ -110,5 +112,46 @@ def main(out_dir: Path) -> None:
     (out_dir / f"rank{rank}.json").write_text(json.dumps(report))
 
 
+def train(out_dir: Path, model_dir: str, data_dir: str) -> None:
+    """LoRA on every layer of the mlx-lm model in ``model_dir``, data-parallel, every block checkpointed, two
+    steps reported; writes what the callback was told at each report to ``OUT_DIR/train{rank}.json``."""
+    import types
+
+    import mlx.optimizers as optim
+    from mlx_lm.tuner.callbacks import TrainingCallback
+    from mlx_lm.tuner.datasets import CacheDataset, load_dataset
+    from mlx_lm.tuner.trainer import TrainingArgs
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+    from mlx_lm.utils import load
+
+    from nuvec_mlx import mlx_lm as nvlm
+
+    class Reports(TrainingCallback):
+        def __init__(self) -> None:
+            self.seen: list[dict] = []
+
+        def on_train_loss_report(self, info: dict) -> None:
+            self.seen.append(info)
+
+    rank = mx.distributed.init(backend="ring", strict=True).rank()
+    model, tokenizer = load(model_dir)
+    model.freeze()
+    linear_to_lora_layers(model, len(model.layers), {"rank": 4, "dropout": 0.0, "scale": 10.0})
+    train_set, _, _ = load_dataset(types.SimpleNamespace(data=data_dir, train=True, test=False), tokenizer)
+    args = TrainingArgs(
+        batch_size=2,
+        iters=2,
+        steps_per_report=1,
+        grad_checkpoint=True,
+        adapter_file=str(out_dir / "adapters.safetensors"),
+    )
+    reports = Reports()
+    nvlm.train(model, optim.Adam(1e-3), CacheDataset(train_set), args=args, training_callback=reports)
+    (out_dir / f"train{rank}.json").write_text(json.dumps(reports.seen))
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    if sys.argv[2:3] == ["train"]:
+        train(Path(sys.argv[1]), *sys.argv[3:5])
+    else:
+        main(Path(sys.argv[1]))

@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm.utils import save_config, save_model
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
@@ -120,3 +121,35 @@ def held_while_unobserved(monkeypatch, extra: int) -> None:
         del held
 
     monkeypatch.setattr(evaluate, "staged", late_frees)
+
+
+# --- a model of residual MLP blocks and the README's training step ----------------------------
+
+
+class Blocks(nn.Module):
+    """``blocks`` residual blocks ``x + W2 tanh(W1 x)`` of width ``dim`` and ``hidden``, in ``model.layers``."""
+
+    def __init__(self, dim: int = 64, hidden: int = 256, blocks: int = 6):
+        super().__init__()
+        self.layers = [nn.Sequential(nn.Linear(dim, hidden), nn.Tanh(), nn.Linear(hidden, dim)) for _ in range(blocks)]
+
+    def __call__(self, x):
+        for layer in self.layers:
+            x = x + layer(x)
+        return x
+
+
+def readme_step(model, loss_fn, optimizer):
+    """The README's own loop: ``loss_fn`` and ``nv.update`` compiled with ``nv.compile``, the model,
+    optimizer and random key its state; ``run(x)`` runs it and evaluates it with ``nv.eval``."""
+    import nuvec_mlx as nv
+
+    state = [model.state, optimizer.state, mx.random.state]
+
+    @nv.compile(inputs=state, outputs=state)
+    def step(x):
+        loss, grads = nv.value_and_grad(model, loss_fn)(model, x)
+        nv.update(optimizer, model, grads)
+        return loss
+
+    return state, lambda x: nv.eval(step(x), state)

@@ -1,14 +1,21 @@
-"""The nuvec-mlx-plan command on an mlx-lm model folder built here (random weights, local tokenizer)."""
+"""The nuvec-mlx-plan command on an mlx-lm model folder and dataset built here (random weights, local tokenizer)."""
 
+import contextlib
+import io
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
+import nuvec_mlx as nv
 from nuvec_mlx.mlx_lm import plan as command
-from tests.helpers import model_folder
+from tests.helpers import data_folder, model_folder
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @pytest.fixture(scope="module")
@@ -16,68 +23,182 @@ def folder(tmp_path_factory):
     return model_folder(tmp_path_factory.mktemp("model"), "llama", dtype="float32", hidden=64, layers=4)
 
 
-def test_a_plan_that_fits_prints_the_plan_and_the_report_and_exits_0(folder, tmp_path, capsys):
-    out = tmp_path / "plan.json"
-    status = command.main(["--model", str(folder), "--budget", "64MiB", "--batch-size", "2", "--max-seq-length",
-                           "64", "--fine-tune-type", "full", "--num-layers", "-1", "--json", str(out)])
-    printed = capsys.readouterr().out
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return data_folder(tmp_path_factory.mktemp("data"))
+
+
+def plan(capsys, *argv):
+    """The command's exit status and what it printed after mlx-lm's banner (stdout)."""
+    status = command.main([str(a) for a in argv])
+    printed = ANSI.sub("", capsys.readouterr().out)
+    return status, printed.split("Trainable parameters:", 1)[1].split("\n", 1)[1]
+
+
+def longest_padded(data) -> int:
+    """The tokens of the batch mlx-lm pads the longest row of ``data``'s training set to (one token per word,
+    and the end of text)."""
+    words = max(len(json.loads(line)["text"].split()) for line in (data / "train.jsonl").read_text().splitlines())
+    return 1 + 32 * math.ceil((words + 1) / 32)
+
+
+@pytest.fixture(scope="module")
+def fitting(folder, data, tmp_path_factory):
+    """One plan that fits, of the longest rows of the data: its exit status, output, JSON and saved plan."""
+    out = tmp_path_factory.mktemp("plan")
+    argv = [
+        "--model",
+        folder,
+        "--data",
+        data,
+        "--batch-size",
+        "8",
+        "--budget",
+        "64MB",
+        "--save",
+        out / "plan.json",
+        "--json",
+        out / "out.json",
+    ]
+    with contextlib.redirect_stdout(io.StringIO()) as printed:  # capsys is for one test
+        status = command.main([str(a) for a in argv])
+    return status, ANSI.sub("", printed.getvalue()), json.loads((out / "out.json").read_text()), out / "plan.json"
+
+
+def test_a_plan_that_fits_is_short_plans_the_longest_rows_of_the_data_and_saves_a_plan(fitting, folder, data):
+    status, printed, result, saved = fitting
     assert status == 0
-    assert printed.startswith("nv.plan for a budget of 64.0 MiB: fits")
-    assert "model.layers.3" in printed and "Saved activations per block" in printed
-    assert "self_attn.q_proj (nn.Linear output)" in printed
-    data = json.loads(out.read_text())
-    assert data["plan"]["fits"] and len(data["saved_activations"]["blocks"]) == 4
+    after = printed.split("Trainable parameters:", 1)[1].splitlines()[1:]
+    assert after[0].startswith("fits 64.0 MB: the step peaks at ") and len(after) <= 6, after
+    assert f"batch 8 x {longest_padded(data)} tokens: the longest sequences of the training set" in after[1]
+    assert result["batch"] == {
+        "rows": 8,
+        "tokens": longest_padded(data),
+        "source": "the longest sequences of the training set",
+    }
+    assert "Saved activations" not in printed and "recompute s" not in printed  # the details are behind a flag
+    assert "nuvec-mlx-plan" in printed.split("Trainable")[0]  # the banner is the command's
+    loaded = nv.Plan.load_json(saved)
+    assert [b.name for b in loaded.blocks] == [f"model.layers.{i}" for i in range(4)]
+    assert loaded.fits and loaded.budget == 64_000_000 == result["plan"]["budget"]
 
 
-def test_synchronize_is_passed_to_the_planner(folder, tmp_path, capsys):
-    out = tmp_path / "plan.json"
-    status = command.main(["--model", str(folder), "--budget", "64MiB", "--batch-size", "2", "--max-seq-length",
-                           "64", "--num-layers", "-1", "--no-report", "--synchronize", "--json", str(out)])
-    assert status == 0 and "synchronize=True" in capsys.readouterr().out
-    assert json.loads(out.read_text())["plan"]["synchronize"] is True
+@pytest.mark.slow
+def test_when_the_batch_does_not_fit_it_says_the_largest_batch_that_does(fitting, folder, data, tmp_path, capsys):
+    _, _, result, _ = fitting
+    start, least = result["plan"]["start"], result["plan"]["smallest"]
+    budget = start + (least - start) * 6 // 10  # below the least any plan of 8 rows reaches
+    status, printed = plan(
+        capsys,
+        "--model",
+        folder,
+        "--data",
+        data,
+        "--batch-size",
+        8,
+        "--budget",
+        budget,
+        "--json",
+        tmp_path / "out.json",
+    )
+    found = json.loads((tmp_path / "out.json").read_text())["largest"]["batch"]
+    assert status == 1 and printed.startswith(f"DOES NOT FIT {budget / 1e6:.1f} MB: the least any plan reaches is")
+    assert 1 <= found["size"] < 8 and dict(map(tuple, found["peaks"]))[found["size"]] <= budget
+    assert f"what fits: --batch-size {found['size']} (peak " in printed
+    assert f"--grad-accumulation-steps {math.ceil(8 / found['size'])} keeps 8 rows per update" in printed
 
 
-def test_a_budget_no_plan_meets_exits_1_and_says_so(folder, capsys):
-    status = command.main(["--model", str(folder), "--budget", "1KiB", "--batch-size", "2", "--max-seq-length",
-                           "64", "--num-layers", "4", "--no-report"])
-    assert status == 1 and "no plan fits 0.0 MiB" in capsys.readouterr().out
+def test_when_nothing_fits_it_says_what_the_step_starts_with(folder, data, capsys):
+    status, printed = plan(capsys, "--model", folder, "--data", data, "--batch-size", 2, "--budget", "1KiB")
+    assert status == 1 and printed.startswith("DOES NOT FIT 1.0 kB: the least any plan reaches is ")
+    assert "nothing fits 1.0 kB: the step starts at " in printed
 
 
-def test_lora_and_the_largest_sequence(folder, capsys):
-    status = command.main(["--model", str(folder), "--budget", "8MiB", "--batch-size", "2", "--max-seq-length",
-                           "64", "--num-layers", "2", "--no-report", "--largest", "seq", "--optimizer", "adamw"])
-    printed = capsys.readouterr().out
-    assert status == 0 and "--largest seq: largest size that fits 8.0 MiB:" in printed
+def test_without_data_it_plans_random_tokens_and_details_show_each_block(folder, tmp_path, capsys):
+    status, printed = plan(
+        capsys,
+        "--model",
+        folder,
+        "--batch-size",
+        2,
+        "--max-seq-length",
+        64,
+        "--budget",
+        "64MiB",
+        "--details",
+        "--json",
+        tmp_path / "out.json",
+    )
+    assert status == 0 and "batch 2 x 64 tokens: random tokens" in printed
+    assert "model.layers.3" in printed and "Saved activations per block" in printed  # the details
+    assert json.loads((tmp_path / "out.json").read_text())["batch"]["tokens"] == 64
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--budget", "lots"], "--budget: a size must be"),
-    (["--budget", "1GiB", "--policies", "save_all"], "--policies: choose from"),
-    (["--budget", "1GiB", "--max-seq-length", "1"], "--max-seq-length must be >= 2"),
-])
-def test_a_bad_command_line_is_a_parser_error(folder, args, message, capsys):
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--budget", "lots"], "--budget: a size is a number and a unit: B, KB, MB, GB, TB (powers of 1000) or KiB"),
+        (["--budget", "12GiBs"], "--budget: a size is a number and a unit"),
+        ([], "--budget is required"),
+        (["--budget", "1GB", "--policies", "save_all"], "--policies: choose from save_everything"),
+        (
+            ["--budget", "1GB", "--num-layers", "16"],
+            "--num-layers 16 is more than the model's 4 layers: pass --num-layers 4 (or -1 for all)",
+        ),
+    ],
+)
+def test_a_bad_command_line_says_what_was_wrong(folder, argv, message, capsys):
     with pytest.raises(SystemExit) as info:
-        command.parse_args(["--model", str(folder), *args])
-    assert info.value.code == 2 and message in capsys.readouterr().err
+        command.main(["--model", str(folder), *argv])
+    assert info.value.code == 2 and f"nuvec-mlx-plan: error: {message}" in capsys.readouterr().err
 
 
-def test_more_layers_than_the_model_has_is_an_error(folder, capsys):
-    with pytest.raises(SystemExit) as info:
-        command.main(["--model", str(folder), "--budget", "1GiB"])  # mlx_lm.lora's default: 16 layers
-    assert info.value.code == 2 and "--num-layers 16 is more than the model's 4 layers" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    "text, nbytes",
+    [
+        ("12GB", 12 * 10**9),
+        ("12G", 12 * 10**9),
+        ("12GiB", 12 << 30),
+        ("800 MB", 800 * 10**6),
+        ("800MiB", 800 << 20),
+        ("1.5KiB", 1536),
+        ("1.5kb", 1500),
+        ("4096", 4096),
+        ("2TB", 2 * 10**12),
+    ],
+)
+def test_sizes_are_decimal_or_binary_as_their_unit_says(text, nbytes):
+    assert command.parse_bytes(text) == nbytes
 
 
-def test_parse_bytes():
-    assert command.parse_bytes("12GiB") == 12 << 30 and command.parse_bytes("1.5KiB") == 1536
-    assert command.parse_bytes("800 MiB") == 800 << 20 and command.parse_bytes("4096") == 4096
-    with pytest.raises(ValueError):
-        command.parse_bytes("-1MiB")
+@pytest.mark.parametrize("text", ["-1MB", "12 gigs", "0", "MB", ""])
+def test_a_size_that_is_not_one_says_what_a_size_is(text):
+    with pytest.raises(ValueError, match="a size (is a number and a unit|must be at least 1 byte)"):
+        command.parse_bytes(text)
 
 
 def test_the_installed_command_runs(folder):
-    done = subprocess.run([os.path.join(os.path.dirname(sys.executable), "nuvec-mlx-plan"), "--model", str(folder),
-                           "--budget", "64MiB", "--batch-size", "1", "--max-seq-length", "16", "--num-layers", "-1",
-                           "--no-report"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            os.path.join(os.path.dirname(sys.executable), "nuvec-mlx-plan"),
+            "--model",
+            str(folder),
+            "--budget",
+            "64MiB",
+            "--batch-size",
+            "1",
+            "--max-seq-length",
+            "16",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "fits" in done.stdout
+    assert "fits 67.1 MB" in ANSI.sub("", done.stdout)
+
+
+def test_the_deprecated_no_report_flag_still_parses_and_warns(folder, capsys):
+    with pytest.warns(FutureWarning, match="--no-report"), pytest.raises(SystemExit):
+        command.main(["--model", str(folder), "--no-report", "--budget", "lots"])
+    assert "--budget: a size is a number and a unit" in capsys.readouterr().err

@@ -9,18 +9,21 @@ nv.memory.all_stats in one process and in two.
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import distributed_worker as worker
 import mlx.core as mx
 import pytest
 
-import distributed_worker as worker
 import nuvec_mlx as nv
-from tests.helpers import assert_close
+from tests.helpers import assert_close, data_folder, model_folder
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 SIZE = 2
 #: Seconds the two ranks may take together (about 10 s on a 2-core CPU).
@@ -48,8 +51,9 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def launch(out_dir: Path, size: int) -> None:
-    """Run the worker as ranks 0..size-1 of a ring on localhost; fail on error or timeout.
+def launch(out_dir: Path, size: int, *args: str, env: dict | None = None) -> list[str]:
+    """Run the worker (with ``args`` after its output folder) as ranks 0..size-1 of a ring on localhost;
+    fail on error or timeout; each rank's output.
 
     MLX_RANK and MLX_HOSTFILE are what ``mlx.launch --backend ring`` sets;
     setting them here lets the test pick free ports and bound the time.
@@ -59,12 +63,16 @@ def launch(out_dir: Path, size: int) -> None:
     logs = [out_dir / f"rank{rank}.log" for rank in range(size)]
     procs = []
     for rank, log in enumerate(logs):
-        env = dict(os.environ, MLX_RANK=str(rank), MLX_HOSTFILE=str(hostfile))
+        rank_env = dict(os.environ, **(env or {}), MLX_RANK=str(rank), MLX_HOSTFILE=str(hostfile))
         with open(log, "w") as f:
-            procs.append(subprocess.Popen(
-                [sys.executable, worker.__file__, str(out_dir)],
-                env=env, stdout=f, stderr=subprocess.STDOUT,
-            ))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, worker.__file__, str(out_dir), *args],
+                    env=rank_env,
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                )
+            )
     deadline = time.monotonic() + TIMEOUT_S
     try:
         # A rank that failed leaves the other waiting on its socket: stop at the first failure.
@@ -80,8 +88,10 @@ def launch(out_dir: Path, size: int) -> None:
     codes = [p.returncode for p in procs]
     if codes != [0] * size:
         output = "\n".join(f"--- rank {r} ---\n{log.read_text()}" for r, log in enumerate(logs))
-        pytest.fail(f"ranks exited with {codes} (negative: killed at the {TIMEOUT_S} s "
-                    f"timeout or by a failing peer)\n{output}")
+        pytest.fail(
+            f"ranks exited with {codes} (negative: killed at the {TIMEOUT_S} s timeout or by a failing peer)\n{output}"
+        )
+    return [log.read_text() for log in logs]
 
 
 @pytest.fixture(scope="module")
@@ -129,21 +139,29 @@ def test_averaged_gradients_equal_one_process_over_the_whole_batch(ranks, dtype)
         for variant in worker.VARIANTS:
             actual = grads(arrays, variant)
             if actual[0].dtype == dtype:
-                assert_grads_close(actual, expected, GRAD_RTOL[dtype],
-                                   f"rank {rank}, {variant} step against one process")
+                assert_grads_close(
+                    actual, expected, GRAD_RTOL[dtype], f"rank {rank}, {variant} step against one process"
+                )
 
 
 def test_checkpointed_gradients_equal_plain_ones(ranks):
     for rank, (_, arrays) in enumerate(ranks):
         for suffix in ("", "64"):
-            assert_grads_close(grads(arrays, f"ckpt{suffix}"), grads(arrays, f"plain{suffix}"), 1e-6,
-                               f"rank {rank}, checkpointed against plain{suffix}")
+            assert_grads_close(
+                grads(arrays, f"ckpt{suffix}"),
+                grads(arrays, f"plain{suffix}"),
+                1e-6,
+                f"rank {rank}, checkpointed against plain{suffix}",
+            )
 
 
 def test_every_rank_evaluates_the_checkpointed_step_in_the_same_stages(ranks):
     blocks = worker.BLOCKS
-    expected = [*(f"forward {b}" for b in range(1, blocks + 1)),
-                *(f"backward {b}" for b in range(blocks, 0, -1)), "outputs None"]
+    expected = [
+        *(f"forward {b}" for b in range(1, blocks + 1)),
+        *(f"backward {b}" for b in range(blocks, 0, -1)),
+        "outputs None",
+    ]
     for rank, (report, _) in enumerate(ranks):
         assert report["stages"]["plain"] == ["outputs None"], f"rank {rank}: a plain step has no stages"
         assert report["stages"]["ckpt"] == expected, f"rank {rank}: {report['stages']['ckpt']}"
@@ -152,8 +170,7 @@ def test_every_rank_evaluates_the_checkpointed_step_in_the_same_stages(ranks):
 def test_checkpointing_lowers_each_ranks_peak(ranks):
     for rank, (report, _) in enumerate(ranks):
         plain, ckpt = report["peak"]["plain"], report["peak"]["ckpt"]
-        print(f"rank {rank}: plain {plain / MiB:.2f} MiB, checkpointed {ckpt / MiB:.2f} MiB, "
-              f"ratio {ckpt / plain:.2f}")
+        print(f"rank {rank}: plain {plain / MiB:.2f} MiB, checkpointed {ckpt / MiB:.2f} MiB, ratio {ckpt / plain:.2f}")
         assert plain >= 4 * MiB, f"rank {rank}: plain peak {plain / MiB:.2f} MiB is too small to compare"
         assert ckpt <= MAX_PEAK_RATIO * plain, (
             f"rank {rank}: checkpointed peak {ckpt / MiB:.2f} MiB > {MAX_PEAK_RATIO} x "
@@ -196,3 +213,22 @@ def test_all_stats_in_one_process_is_this_process(explicit_group):
 def test_all_stats_rejects_a_non_group(group):
     with pytest.raises(TypeError, match="group must be an mlx.core.distributed.Group or None, got"):
         nv.memory.all_stats(group)
+
+
+def test_training_reports_every_rank_s_peak_in_rank_order(tmp_path):
+    """Under mlx.launch each rank measures its own steps: rank 0's report lines show every rank's peak, and
+    every rank's callback gets the same list, its own peak at its rank."""
+    from nuvec_mlx.mlx_lm._report import peak_text
+
+    model = model_folder(tmp_path / "model", "llama", dtype="float32", hidden=32, layers=2)
+    data = data_folder(tmp_path / "data")
+    logs = launch(tmp_path, SIZE, "train", str(model), str(data), env={"MLX_DISABLE_COMPILE": "1"})
+    told = [json.loads((tmp_path / f"train{rank}.json").read_text()) for rank in range(SIZE)]
+    assert [len(t) for t in told] == [2, 2]
+    lines = re.findall(r"peak per rank ([0-9.]+ [MG]B), ([0-9.]+ [MG]B)", ANSI.sub("", logs[0]))
+    assert len(lines) == 2 and "peak" not in ANSI.sub("", logs[1]).replace("peak_memory", "")
+    for report in range(2):
+        per_rank = [t[report]["step_peak_memory_per_rank"] for t in told]
+        assert per_rank[0] == per_rank[1] and len(per_rank[0]) == SIZE and all(p > 0 for p in per_rank[0])
+        assert [t[report]["step_peak_memory"] for t in told] == per_rank[0]  # each rank's own, at its rank
+        assert list(lines[report]) == [peak_text(round(p * 1e9)) for p in per_rank[0]]

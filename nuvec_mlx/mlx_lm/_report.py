@@ -7,6 +7,8 @@ it started (model loading included), read without waiting for the device.
 cache left as it is): the highest active memory during the step, weights and
 optimizer state included; and it keeps the process's high-water mark as
 mlx-lm reports it, which resetting MLX's peak counter would otherwise lose.
+Under ``mlx.launch`` each rank measures its own steps, and each report gathers
+every rank's.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.cli_ui import TrainUI as MlxLmTrainUI
 
-from .. import memory
+from .. import _distributed, memory
 
 
 class StepPeaks:
@@ -28,7 +30,7 @@ class StepPeaks:
         >>> peaks = StepPeaks()
         >>> with peaks.step():
         ...     nv.eval(step(batch))
-        >>> process_peak, step_peak = peaks.report()
+        >>> process_peak, step_peaks = peaks.report(mx.distributed.init())
     """
 
     def __init__(self) -> None:
@@ -42,24 +44,27 @@ class StepPeaks:
         self.process = max(self.process, mx.get_peak_memory())
         with memory.measure(clear_cache=False) as m:
             yield
-        self.steps = max(self.steps, m.start + m.peak)
+        self.steps = max(self.steps, m.start + m.rise)
 
-    def report(self) -> tuple[int, int]:
-        """The process's peak so far and the steps' highest peak since the last report."""
+    def report(self, group: mx.distributed.Group) -> tuple[int, list[int]]:
+        """The process's peak so far, and the steps' highest peak since the last report on each rank of
+        ``group``, in rank order: a collective (every rank reports at the same point)."""
         mx.synchronize()
         process, steps = max(self.process, mx.get_peak_memory()), self.steps
         self.steps = 0
-        return process, steps
+        return process, [row[0] for row in _distributed.gather([steps], group)]
 
 
 def peak_text(nbytes: int) -> str:
-    """A peak in GB as mlx-lm writes memory (MB below 0.1 GB).
+    """A peak in GB as mlx-lm writes memory (MB below 0.1 GB, kB below 0.1 MB).
 
     Example:
-        >>> peak_text(1_234_000_000), peak_text(45_600_000)
-        ('1.234 GB', '45.6 MB')
+        >>> peak_text(1_234_000_000), peak_text(45_600_000), peak_text(1024)
+        ('1.234 GB', '45.6 MB', '1.0 kB')
     """
-    return f"{nbytes / 1e9:.3f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.1f} MB"
+    if nbytes >= 1e8:
+        return f"{nbytes / 1e9:.3f} GB"
+    return f"{nbytes / 1e6:.1f} MB" if nbytes >= 1e5 else f"{nbytes / 1e3:.1f} kB"
 
 
 class _Line:
@@ -72,13 +77,24 @@ class _Line:
         self.printed.extend(objects)
 
 
+def peaks_text(nbytes: list[int]) -> tuple[str, str]:
+    """The report line's end, a label and the peaks: one process's, or every rank's, in rank order.
+
+    Example:
+        >>> peaks_text([45_600_000]), peaks_text([45_600_000, 46_100_000])
+        (('peak', '45.6 MB'), ('peak per rank', '45.6 MB, 46.1 MB'))
+    """
+    return "peak" if len(nbytes) == 1 else "peak per rank", ", ".join(peak_text(n) for n in nbytes)
+
+
 class TrainUI(MlxLmTrainUI):
-    """mlx-lm's training display; its report line ends with the steps' peak memory."""
+    """mlx-lm's training display; its report line ends with the steps' peak memory, each rank's."""
 
     def report_train(
-        self, it: int, train_loss: float, tokens_sec: float, trained_tokens: int, step_peak: int = 0
+        self, it: int, train_loss: float, tokens_sec: float, trained_tokens: int, step_peak: int | list[int] = 0
     ) -> None:
-        """mlx-lm's report line (iteration, loss, tokens/s, tokens), then ``peak`` and ``step_peak``."""
+        """mlx-lm's report line (iteration, loss, tokens/s, tokens), then ``step_peak``: this process's, or
+        every rank's (a list in rank order)."""
         console, line = self._console, _Line()
         self._console = line
         try:
@@ -89,4 +105,5 @@ class TrainUI(MlxLmTrainUI):
             *before, last = line.printed
             for obj in before:
                 console.print(obj)
-            console.print(f"{last}    [ui.muted]peak[/ui.muted] [ui.strong]{peak_text(step_peak)}[/ui.strong]")
+            label, values = peaks_text([step_peak] if isinstance(step_peak, int) else step_peak)
+            console.print(f"{last}    [ui.muted]{label}[/ui.muted] [ui.strong]{values}[/ui.strong]")

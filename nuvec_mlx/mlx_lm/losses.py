@@ -174,6 +174,14 @@ def chunked_loss(
         >>> train(model, optimizer, data, args=args, loss=chunked_loss)
         >>> train(model, optimizer, data, args=args, loss=functools.partial(chunked_loss, chunk=128))
     """
+    _validate.check_module(model, "model")
+    if not isinstance(batch, mx.array) or batch.ndim != 2:
+        raise TypeError(f"batch must be an mlx.core.array of 2 dimensions (token ids), got {_validate.describe(batch)}")
+    if not isinstance(lengths, mx.array) or lengths.shape != (batch.shape[0], 2):
+        raise TypeError(
+            f"lengths must be an mlx.core.array of shape {(batch.shape[0], 2)} (per row, the first and last "
+            f"position), got {_validate.describe(lengths)}"
+        )
     if chunk is None:
         return default_loss(model, batch, lengths)
     if chunk != "auto":

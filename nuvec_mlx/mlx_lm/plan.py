@@ -1,184 +1,333 @@
-"""The ``nuvec-mlx-plan`` command: plan an mlx-lm model's fine-tuning step for a memory budget.
+"""The ``nuvec-mlx-plan`` command: the checkpointing of a fine-tuning run, planned for a memory budget.
 
-    nuvec-mlx-plan --model ./my-model --budget 12GiB --batch-size 4 --max-seq-length 2048
-    nuvec-mlx-plan --model ./my-model --budget 12GiB --fine-tune-type full --largest seq
+    nuvec-mlx-plan --model ./model --data ./data --budget 12GB --save plan.json
+    nuvec-mlx-lora --model ./model --train --data ./data --grad-checkpoint --plan plan.json
     python -m nuvec_mlx.mlx_lm.plan ...   # the same
 
-Loads the model folder with ``mlx_lm.utils.load``, prepares it as
-``mlx_lm.lora`` does (``--fine-tune-type``, ``--num-layers`` and
-``--optimizer`` take mlx-lm's meanings and defaults), and measures its
-training step (mlx-lm's default loss on a batch of random tokens of
-``--batch-size`` x ``--max-seq-length``): prints the plan
-(:func:`nuvec_mlx.plan`), the saved-activations report
-(:func:`nuvec_mlx.saved_activations`) and, with ``--largest``, the largest
-sequence length or batch that fits (:func:`nuvec_mlx.largest_fit`). Exit
-status 0 when the plan fits, 1 when it does not, 2 for a bad command line.
+It takes ``nuvec-mlx-lora``'s command line (``mlx_lm.lora``'s arguments, config
+files and defaults: ``--data``, ``--batch-size``, ``--max-seq-length``,
+``--fine-tune-type``, ``--num-layers``, ``--optimizer``, ``lora_parameters``,
+``--mask-prompt`` ...), prepares the model and the optimizer as ``mlx_lm.lora``
+does, and plans (:func:`nuvec_mlx.plan`) the step that ``nuvec-mlx-lora
+--grad-checkpoint`` trains (mlx-lm's default loss with the head in chunks,
+:func:`nuvec_mlx.mlx_lm.chunked_loss`; attention in chunks where unfused) on a
+batch of your data: ``--batch-size`` rows of the longest sequences of the
+training set, padded as mlx-lm pads them, up to ``--max-seq-length`` (random
+tokens of ``--batch-size`` x ``--max-seq-length`` without ``--data``). It prints
+the plan's summary (``--details``: every block's row and the
+saved-activations report); when nothing fits, what would: the largest batch,
+else the longest sequence, that fits, measured (:func:`nuvec_mlx.largest_fit`,
+every block checkpointed). ``--save plan.json`` writes the plan for
+``nuvec-mlx-lora --plan``. Exit status 0 when the plan fits, 1 when it does
+not, 2 for a bad command line.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
+import math
 import re
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
-import mlx.nn as nn
-import mlx.optimizers as optim
 
-from .. import policies
-from ..planner import largest_fit, plan, saved_activations
+from .. import _validate, policies
+from ..planner import Fit, Plan, largest_fit, plan, saved_activations
 from ..step import TrainingStep
+from . import lora
+from ._report import peak_text
+from .losses import loss_for
 
-UNITS = {"": 1, "B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
-OPTIMIZERS = {"adam": optim.Adam, "adamw": optim.AdamW, "sgd": optim.SGD, "adafactor": optim.Adafactor, "none": None}
+#: The command's name.
+PROG = "nuvec-mlx-plan"
+#: Bytes per unit: decimal (as mlx-lm's sizes and nuvec-mlx-lora's report) and binary.
+UNITS = {
+    "": 1,
+    "B": 1,
+    **{f"{p}{b}": 1000**k for k, p in enumerate("KMGT", 1) for b in ("", "B")},
+    **{f"{p}IB": 1024**k for k, p in enumerate("KMGT", 1)},
+}
 POLICIES = {
     "save_everything": policies.save_everything,
     "save_matmuls": policies.save_matmuls,
     "save_nothing": policies.save_nothing,
 }
+DESCRIPTION = (
+    "nuvec's planner for nuvec-mlx-lora: takes nuvec-mlx-lora's command line (mlx_lm.lora's arguments and "
+    "config files) and a --budget, measures the step it trains with --grad-checkpoint on a batch of your "
+    "data, and plans which blocks to checkpoint, and how, to fit the budget; --save plan.json writes it for "
+    "nuvec-mlx-lora --plan. Exit status 0 when it fits, 1 when not (it then says what would), 2 for a bad "
+    "command line."
+)
 
 
 def parse_bytes(text: str) -> int:
-    """A size in bytes from ``"12GiB"``, ``"800MiB"``, ``"1.5GiB"`` or ``"1048576"``.
+    """A size in bytes: a number and a unit, decimal (``KB``, ``MB``, ``GB``, ``TB``, or ``K``, ``M``,
+    ``G``, ``T`` as mlx-lm reads them) or binary (``KiB``, ``MiB``, ``GiB``, ``TiB``), or bytes alone.
 
     Example:
-        >>> parse_bytes("1.5KiB")
-        1536
+        >>> parse_bytes("12GB"), parse_bytes("1.5KiB"), parse_bytes("800 MiB")
+        (12000000000, 1536, 838860800)
     """
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?i?B?)\s*", text, flags=re.IGNORECASE)
-    unit = match and match.group(2).upper()
-    if not match or unit not in UNITS or float(match.group(1)) <= 0:
-        raise ValueError(f"a size must be a positive number of bytes with KiB, MiB, GiB or TiB, got {text!r}")
-    return int(float(match.group(1)) * UNITS[unit])
+    if not isinstance(text, str):
+        raise TypeError(f"a size must be a str such as 12GB or 800MiB, got {type(text).__name__}")
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).upper() if match else None
+    if match is None or unit not in UNITS:
+        raise ValueError(
+            f"a size is a number and a unit: B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB "
+            f"(powers of 1024), as in 12GB or 800MiB; got {text!r}"
+        )
+    nbytes = int(float(match.group(1)) * UNITS[unit])
+    if nbytes < 1:
+        raise ValueError(f"a size must be at least 1 byte, got {text!r}")
+    return nbytes
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """The command line; a bad value is a parser error (exit status 2)."""
-    p = argparse.ArgumentParser(prog="nuvec-mlx-plan", description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--model", required=True, type=Path, help="an mlx-lm model folder (config.json, safetensors, tokenizer)"
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--budget", help="nuvec: the peak MLX memory the step may reach, e.g. 12GB or 11GiB (config key budget)"
     )
-    p.add_argument("--budget", required=True, help="peak MLX memory of a step, e.g. 12GiB or 800MiB")
-    p.add_argument("--fine-tune-type", choices=("lora", "dora", "full"), default="lora", help="as mlx_lm.lora")
-    p.add_argument(
-        "--num-layers", type=int, default=16, help="layers to fine-tune, from the last (-1: all); as mlx_lm.lora"
+    parser.add_argument("--save", help="nuvec: write the plan here, for nuvec-mlx-lora --plan")
+    parser.add_argument(
+        "--details", action="store_true", help="nuvec: also print every block's row and the saved-activations report"
     )
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--max-seq-length", type=int, default=2048, help="tokens per sequence of the measured batch")
-    p.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="adam")
-    p.add_argument("--learning-rate", type=float, default=1e-5)
-    p.add_argument(
+    parser.add_argument(
+        "--largest",
+        choices=("seq", "batch"),
+        help="nuvec: also find the largest sequence length or batch that fits (done by itself when nothing fits)",
+    )
+    parser.add_argument(
         "--policies",
         default="save_everything,save_matmuls,save_nothing",
-        help=f"the checkpoint policies the plan may use, comma-separated from {', '.join(POLICIES)}",
+        help=f"nuvec: the checkpoint policies the plan may use, comma-separated from {', '.join(POLICIES)}",
     )
-    p.add_argument(
-        "--largest", choices=("seq", "batch"), help="also find the largest sequence length or batch that fits"
-    )
-    p.add_argument("--no-compile", action="store_true", help="plan for an uncompiled step")
-    p.add_argument(
+    parser.add_argument("--no-compile", action="store_true", help="nuvec: plan an uncompiled step")
+    parser.add_argument(
         "--synchronize",
         action="store_true",
-        help="verify the plan as evaluated with nv.eval(..., synchronize=True) (CUDA: a steadier peak)",
+        help="nuvec: verify the plan as evaluated with nv.eval(..., synchronize=True) (CUDA: a steadier peak)",
     )
-    p.add_argument("--no-report", action="store_true", help="skip the saved-activations report")
-    p.add_argument("--json", type=Path, help="also write the plan, report and answer to this file")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+    parser.add_argument("--json", help="nuvec: also write the plan, settings and answers to this file")
+    parser.add_argument("--no-report", action="store_true", help=argparse.SUPPRESS)  # deprecated: --details
+
+
+def _checked(args: Any) -> tuple[int, list[Any]]:
+    """The budget and the policies of the command line, or a command-line error that says what is wrong."""
+    if args.no_report:
+        _validate.deprecated("nuvec-mlx-plan --no-report (the report is printed only with --details)", "no flag")
+    if args.budget is None:
+        lora.fail(PROG, "--budget is required: the peak MLX memory the step may reach, e.g. 12GB or 11GiB")
     try:
-        args.budget = parse_bytes(args.budget)
+        budget = parse_bytes(str(args.budget))
     except ValueError as e:
-        p.error(f"--budget: {e}")
-    if args.batch_size < 1:
-        p.error(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.max_seq_length < 2:
-        p.error(f"--max-seq-length must be >= 2 (inputs and targets), got {args.max_seq_length}")
+        lora.fail(PROG, f"--budget: {e}")
     chosen = args.policies.split(",")
-    if not chosen or any(c not in POLICIES for c in chosen):
-        p.error(f"--policies: choose from {', '.join(POLICIES)}; got {args.policies!r}")
-    args.policies = [POLICIES[c] for c in chosen]
-    if not args.model.is_dir():
-        p.error(f"--model: {args.model} is not a folder")
-    return args
-
-
-def prepare(model: nn.Module, fine_tune_type: str, num_layers: int) -> None:
-    """Freeze and unfreeze (or add adapters) as ``mlx_lm.lora`` does before training."""
-    from mlx_lm.tuner.utils import linear_to_lora_layers
-
-    layers = model.layers
-    if num_layers > len(layers):
-        raise ValueError(f"--num-layers {num_layers} is more than the model's {len(layers)} layers")
-    model.freeze()
-    if fine_tune_type == "full":
-        for layer in layers[-max(num_layers, 0) :]:
-            layer.unfreeze()
-    else:
-        linear_to_lora_layers(
-            model, num_layers, {"rank": 8, "dropout": 0.0, "scale": 20.0}, use_dora=fine_tune_type == "dora"
-        )
-
-
-def tokens(vocab: int, batch: int, length: int, seed: int) -> tuple[mx.array, mx.array]:
-    """A batch of random tokens and its lengths, as ``mlx_lm``'s ``default_loss`` takes them."""
-    ids = mx.random.randint(0, vocab, (batch, length), key=mx.random.key(seed))
-    lengths = mx.array([[0, length - 1]] * batch)
-    mx.eval(ids, lengths)
-    return ids, lengths
-
-
-def run(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run the command; returns what it printed, as data."""
-    args = parse_args(argv)
-    from mlx_lm.tuner.trainer import default_loss
-    from mlx_lm.utils import load
-
-    mx.random.seed(args.seed)
-    model, tokenizer = load(str(args.model))
-    try:
-        prepare(model, args.fine_tune_type, args.num_layers)
-    except ValueError as e:  # as the parser's errors: the command line asked for what the model has not
-        print(f"nuvec-mlx-plan: error: {e}", file=sys.stderr)
-        raise SystemExit(2) from e
-    vocab = getattr(getattr(model, "args", None), "vocab_size", None) or tokenizer.vocab_size
-    batch = tokens(vocab, args.batch_size, args.max_seq_length, args.seed)
-    optimizer_class = OPTIMIZERS[args.optimizer]
-    optimizer = optimizer_class(learning_rate=args.learning_rate) if optimizer_class else None
-    step = TrainingStep(model, default_loss, optimizer, compile=not args.no_compile, synchronize=args.synchronize)
-    found = plan(step, batch, args.budget, policies=args.policies)
-    print(found)
-    result: dict[str, Any] = {
-        "command": " ".join(["nuvec-mlx-plan", *(sys.argv[1:] if argv is None else argv)]),
-        "mlx": mx.__version__,
-        "plan": found.to_dict(),
-    }
-    if not args.no_report:
-        report = saved_activations(step, batch, policy=policies.save_matmuls)
-        print("\nSaved activations per block (uncompiled graph; see nuvec_mlx.planner.saved):\n" + str(report))
-        result["saved_activations"] = report.to_dict()
-    if args.largest:
-
-        def make(size: int) -> tuple[mx.array, mx.array]:
-            if args.largest == "seq":
-                return tokens(vocab, args.batch_size, size, args.seed)
-            return tokens(vocab, size, args.max_seq_length, args.seed)
-
-        start = args.max_seq_length if args.largest == "seq" else args.batch_size
-        sizes = sorted({max(2, start // 4), max(3, start // 2), max(4, start)})
-        fit = largest_fit(step, make, args.budget, sizes=sizes, multiple=8 if args.largest == "seq" else 1)
-        print(f"\n--largest {args.largest}: " + str(fit))
-        result["largest"] = {"dimension": args.largest, **fit.__dict__}
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1, default=str))
-    return result
+    if any(c not in POLICIES for c in chosen):
+        lora.fail(PROG, f"--policies: choose from {', '.join(POLICIES)}; got {args.policies!r}")
+    return budget, [POLICIES[c] for c in chosen]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The ``nuvec-mlx-plan`` command: exit status 0 if the plan fits, 1 if not."""
+    """The ``nuvec-mlx-plan`` command: exit status 0 if the plan fits, 1 if not (2 for a bad command line).
+
+    Example:
+        >>> main(["--model", "./model", "--data", "./data", "--budget", "12GB", "--save", "plan.json"])
+    """
     return 0 if run(argv)["plan"]["fits"] else 1
+
+
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the command; returns what it found, as data (what ``--json`` writes)."""
+    found: list[dict[str, Any]] = []
+    lora.run_mlx_lm_lora(
+        PROG, DESCRIPTION, argv, _add_arguments, lambda args: found.append(_run(args)), unset=("data",)
+    )
+    found[0]["command"] = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
+    return found[0]
+
+
+def _run(args: Any) -> dict[str, Any]:
+    """Load the model and the data as ``mlx_lm.lora`` does, prepare them with its ``train_model``, and plan
+    the step where it would train."""
+    from mlx_lm import lora as mlx_lm_lora
+    from mlx_lm.tuner.datasets import load_dataset
+    from mlx_lm.utils import load
+
+    planning = _Planning(args, *_checked(args))
+    loaded = load(
+        args.model,
+        tokenizer_config={"trust_remote_code": args.trust_remote_code},
+        trust_remote_code=args.trust_remote_code,
+    )
+    model, tokenizer = loaded[0], cast(Any, loaded[1])
+    planning.vocabulary = getattr(getattr(model, "args", None), "vocab_size", None) or tokenizer.vocab_size
+    args.train = True  # mlx-lm's dataset loading then asks for a training set
+    train_set, valid_set = load_dataset(args, tokenizer)[:2] if args.data is not None else ([], [])
+    with (
+        tempfile.TemporaryDirectory() as adapters,  # train_model writes its adapter config: not where it trains
+        lora.swapped(args, "adapter_path", adapters),
+        lora.swapped(mlx_lm_lora, "train", planning),
+        lora.preparing(PROG, planning.rows),
+    ):
+        mlx_lm_lora.train_model(args, model, train_set, valid_set)
+    if args.json:
+        Path(args.json).write_text(json.dumps(planning.result, indent=1, default=str))
+    return planning.result
+
+
+class _Planning:
+    """In place of mlx-lm's ``train``: plans the step ``nuvec-mlx-lora --grad-checkpoint`` would train there."""
+
+    def __init__(self, command: Any, budget: int, chosen: list[Any]):
+        self.command, self.budget, self.chosen = command, budget, chosen
+        self.vocabulary = 0
+        self.result: dict[str, Any] = {"mlx": mx.__version__}
+
+    def rows(self, args: Any) -> list[tuple[str, str]]:
+        """The banner's nuvec rows."""
+        measured = "the longest sequences of --data" if args.data is not None else "random tokens (no --data)"
+        return [("budget", peak_text(self.budget)), ("measured on", measured)]
+
+    def __call__(self, *, model: Any, args: Any, optimizer: Any, train_dataset: Any, **_: Any) -> None:
+        command = self.command
+        batch = self._batch(args, train_dataset)
+        rows, tokens = batch[0].shape
+        source = "the longest sequences of the training set" if command.data is not None else "random tokens"
+        step = TrainingStep(
+            model, loss_for("auto"), optimizer, compile=not command.no_compile, synchronize=command.synchronize
+        )
+        found = plan(step, batch, self.budget, policies=self.chosen)
+        lines = _summary(found, f"batch {rows} x {tokens} tokens: {source}")
+        self.result.update(plan=found.to_dict(), batch={"rows": rows, "tokens": tokens, "source": source})
+        if command.largest:
+            lines.append(self._search(step, batch, command.largest, found.fits))
+        if not found.fits:
+            lines.append(self._what_fits(step, batch, found))
+        if command.save:
+            found.save_json(command.save)
+            lines.append(
+                f"saved the plan to {command.save}"
+                + ("" if found.fits else " (it does not fit the budget)")
+                + f": train with nuvec-mlx-lora ... --grad-checkpoint --plan {command.save}"
+            )
+        print("\n".join(line for line in lines if line))  # a search that found nothing says nothing
+        if command.details:
+            print("\n" + str(found))
+            report = saved_activations(step, batch, policy=policies.save_matmuls)
+            print("\nSaved activations per block (uncompiled graph; see nuvec_mlx.planner.saved):\n" + str(report))
+            self.result["saved_activations"] = report.to_dict()
+
+    def _search(self, step: TrainingStep, batch: tuple[mx.array, mx.array], dimension: str, fits: bool) -> str:
+        """The largest batch or sequence that fits, as the flags to pass (``""`` if none does)."""
+        fit = _largest(step, batch, self.budget, dimension, fits)
+        self.result.setdefault("largest", {})[dimension] = dataclasses.asdict(fit)
+        if not fit.size:
+            return ""
+        rows = batch[0].shape[0]
+        said = f"  {'largest' if fits else 'what fits'}:"
+        peak = f" (peak {peak_text(dict(fit.peaks)[fit.size])}, measured with every block checkpointed)"
+        if dimension == "seq":
+            return f"{said}{'' if fits else ' --batch-size 1'} --max-seq-length {fit.size}{peak}"
+        accumulate = math.ceil(rows / fit.size)
+        same = f"; --grad-accumulation-steps {accumulate} keeps {rows} rows per update" if accumulate > 1 else ""
+        return f"{said} --batch-size {fit.size}{peak}{same}"
+
+    def _what_fits(self, step: TrainingStep, batch: tuple[mx.array, mx.array], found: Plan) -> str:
+        """What fits when the command's batch does not: fewer rows, else one row of fewer tokens."""
+        for dimension in ("batch", "seq") if batch[0].shape[0] > 1 else ("seq",):
+            if dimension not in self.result.get("largest", {}):
+                answer = self._search(step, batch, dimension, fits=False)
+                if answer:
+                    return answer
+        return (
+            f"  nothing fits {peak_text(self.budget)}: the step starts at {peak_text(found.start)} (weights, "
+            "optimizer state, batch); try fewer layers, LoRA, or a quantized model (QLoRA)"
+        )
+
+    def _batch(self, args: Any, dataset: Any) -> tuple[mx.array, mx.array]:
+        """``args.batch_size`` rows of the longest sequences of ``dataset`` as mlx-lm pads them; random
+        tokens without data."""
+        if self.command.data is None:
+            ids = mx.random.randint(
+                0, self.vocabulary, (args.batch_size, args.max_seq_length), key=mx.random.key(self.command.seed)
+            )
+            return ids, mx.array([[0, args.max_seq_length]] * args.batch_size)
+        from mlx_lm.tuner.trainer import iterate_batches
+
+        if len(dataset) < args.batch_size:
+            lora.fail(PROG, f"--batch-size {args.batch_size} is more than the {len(dataset)} rows of the training set")
+        lengths = [len(dataset[i][0]) for i in range(len(dataset))]
+        longest = sorted(range(len(dataset)), key=lengths.__getitem__)[-args.batch_size :]
+        return next(iterate_batches([dataset[i] for i in longest], args.batch_size, args.max_seq_length))
+
+
+def _summary(found: Plan, batch: str) -> list[str]:
+    """The plan in a few lines: whether it fits, its peak, what it checkpoints."""
+    if found.fits:
+        head = (
+            f"fits {peak_text(found.budget)}: the step peaks at {peak_text(found.measured)}, measured "
+            f"(predicted {peak_text(found.predicted)})"
+        )
+    else:
+        head = (
+            f"DOES NOT FIT {peak_text(found.budget)}: the least any plan reaches is "
+            f"{peak_text(found.measured)}, measured"
+        )
+    return [
+        head,
+        f"  {batch}",
+        f"  checkpointed: {_modes(found.modes)}" + (f" (the fixed rule {found.rule})" if found.rule else ""),
+        f"  unchecked it peaks at {peak_text(found.unchecked)}; at its start {peak_text(found.start)} "
+        "(weights, optimizer state, batch)",
+    ]
+
+
+def _modes(modes: list[str]) -> str:
+    """Each block's mode in words, blocks alike in runs: ``blocks 0-1 plain, 2-3 save_nothing (of 4)``."""
+    if len(set(modes)) == 1:
+        return "no block: it fits unchecked" if modes[0] == "plain" else f"every block, {modes[0]}"
+    runs: list[list[Any]] = []
+    for i, mode in enumerate(modes):
+        if runs and runs[-1][2] == mode:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i, mode])
+    parts = [f"{a}-{b} {m}" if a != b else f"{a} {m}" for a, b, m in runs]
+    return f"blocks {', '.join(parts)} (of {len(modes)})"
+
+
+def _rows_of(batch: tuple[mx.array, mx.array], n: int) -> tuple[mx.array, mx.array]:
+    """``n`` rows of ``batch`` (its rows over again past its own)."""
+    index = mx.arange(n) % batch[0].shape[0]
+    return batch[0][index], batch[1][index]
+
+
+def _tokens_of(batch: tuple[mx.array, mx.array], n: int) -> tuple[mx.array, mx.array]:
+    """The rows of ``batch`` cut (or, past their length, repeated) to ``n`` tokens."""
+    ids, lengths = batch
+    return ids[:, mx.arange(n) % ids.shape[1]], mx.stack([lengths[:, 0], mx.minimum(lengths[:, 1], n)], axis=1)
+
+
+def _largest(step: TrainingStep, batch: tuple[mx.array, mx.array], budget: int, dimension: str, fits: bool) -> Fit:
+    """The largest batch (rows) or sequence (tokens) that fits ``budget``: above the command's when its
+    plan fits, else below it (a sequence with one row)."""
+    rows, tokens = batch[0].shape
+    if dimension == "batch":
+        make: Callable[[int], Any] = functools.partial(_rows_of, batch)
+        sizes, multiple = ((rows, 2 * rows) if fits else (1, 2)), 1
+    else:
+        base = batch if fits else _rows_of(batch, 1)
+        make = functools.partial(_tokens_of, base)
+        sizes, multiple = ((tokens, 2 * tokens) if fits else (max(2, tokens // 4), max(3, tokens // 2))), 8
+    return largest_fit(step, make, budget, sizes=sizes, multiple=multiple, tolerance=0.05, tries=4)
 
 
 if __name__ == "__main__":

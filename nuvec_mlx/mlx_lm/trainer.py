@@ -12,8 +12,9 @@ validation, reports, callbacks and adapter files) with three changes:
   optimizer update right after its backward pass, evaluated one checkpointed
   block at a time;
 - each report line ends with the peak memory of the steps since the last
-  report (``step_peak_memory`` for the callbacks, in GB as mlx-lm's
-  ``peak_memory``).
+  report, each rank's under ``mlx.launch`` (``step_peak_memory`` for the
+  callbacks, this rank's, and ``step_peak_memory_per_rank``, in GB as
+  mlx-lm's ``peak_memory``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ except ImportError as e:  # pragma: no cover - the extra is installed where this
 
 from .. import _attention, _registry, _validate
 from ..evaluate import default_ahead
-from ..nn import checkpoint_module, is_checkpointed
+from ..nn import checkpoint_module, is_checkpointed, restoring
+from ..planner import Plan
 from ..step import TrainingStep
 from . import _report
 from .losses import loss_for
@@ -117,6 +119,7 @@ def train(
     ahead: int | None = None,
     attention_chunk: int | str | None = "auto",
     loss_chunk: int | str | None = "auto",
+    plan: Plan | None = None,
 ) -> None:
     """``mlx_lm.tuner.trainer.train``, with nuvec's checkpoints and staged evaluation.
 
@@ -128,9 +131,11 @@ def train(
     default loss is computed with the loss head in chunks of tokens
     (:func:`nuvec_mlx.mlx_lm.chunked_loss`); a loss of your own is used as it
     is. Each report line ends with the highest peak memory of the steps since
-    the last report (active memory, weights and optimizer state included, read after :func:`mlx.core.synchronize` by
-    :func:`nuvec_mlx.memory.measure` without clearing the cache); the callbacks
-    get it as ``step_peak_memory`` (GB), beside mlx-lm's ``peak_memory``. As
+    the last report (active memory, weights and optimizer state included, read
+    after :func:`mlx.core.synchronize` by :func:`nuvec_mlx.memory.measure`
+    without clearing the cache), every rank's when launched distributed; the
+    callbacks get this rank's as ``step_peak_memory`` and every rank's as
+    ``step_peak_memory_per_rank`` (GB), beside mlx-lm's ``peak_memory``. As
     mlx-lm's, it sets MLX's wired limit on a Mac
     (``mlx_lm.utils.maybe_set_recommended_wired_limit``).
 
@@ -144,6 +149,11 @@ def train(
         loss_chunk: with ``grad_checkpoint`` and mlx-lm's default loss, the
             loss head's tokens per chunk (:func:`nuvec_mlx.mlx_lm.chunked_loss`):
             ``"auto"``, a size, or ``None`` for mlx-lm's unchunked loss.
+        plan: with ``grad_checkpoint``, a :class:`nuvec_mlx.Plan` (``nuvec-mlx-plan
+            --save``, :meth:`nuvec_mlx.Plan.load_json`): the blocks are
+            checkpointed as it says (:meth:`nuvec_mlx.Plan.apply`, for the run)
+            instead of every block, ``attention_chunk`` then unused; ``None``
+            for every block.
 
     Example:
         >>> from mlx_lm.tuner.trainer import TrainingArgs
@@ -152,15 +162,36 @@ def train(
     """
     if not isinstance(args, TrainingArgs):
         raise TypeError(f"args must be an mlx_lm.tuner.trainer.TrainingArgs, got {type(args).__name__}")
+    if plan is not None and not isinstance(plan, Plan):
+        raise TypeError(f"plan must be an nv.Plan or None, got {type(plan).__name__}")
     _validate.check_callable(iterate_batches, "iterate_batches")
+    if training_callback is not None and not all(
+        callable(getattr(training_callback, name, None)) for name in ("on_train_loss_report", "on_val_loss_report")
+    ):
+        raise TypeError(
+            "training_callback must be None or an mlx_lm TrainingCallback (on_train_loss_report, on_val_loss_report), "
+            f"got {type(training_callback).__name__}"
+        )
     _validate.check_int(args.grad_accumulation_steps, "grad_accumulation_steps", minimum=1)
     if args.grad_checkpoint and loss is default_loss:
         loss = loss_for(_chunk(loss_chunk, "loss_chunk"))
     step = TrainingStep(model, loss, optimizer, ahead=ahead, accumulate=args.grad_accumulation_steps)
     maybe_set_recommended_wired_limit()
-    blocks = checkpointed_blocks(model, _chunk(attention_chunk, "attention_chunk"))
+    blocks = (
+        checkpointed_blocks(model, _chunk(attention_chunk, "attention_chunk"))
+        if plan is None
+        else _planned(model, plan)
+    )
     with blocks if args.grad_checkpoint else contextlib.nullcontext():
         _loop(model, optimizer, train_dataset, val_dataset, args, loss, iterate_batches, training_callback, step)
+
+
+@contextlib.contextmanager
+def _planned(model: nn.Module, plan: Plan) -> Iterator[None]:
+    """Inside, the blocks of ``model`` are checkpointed as ``plan`` says; after, as before."""
+    with restoring(list(model.layers)):
+        plan.apply(model)
+        yield
 
 
 def _loop(model, optimizer, train_dataset, val_dataset, args, loss, iterate_batches, callback, step):
@@ -198,8 +229,8 @@ def _loop(model, optimizer, train_dataset, val_dataset, args, loss, iterate_batc
                 n_tokens = mx.distributed.all_sum(n_tokens, stream=mx.cpu).item()
                 tokens_sec = float(n_tokens) / train_time
                 trained_tokens += n_tokens
-                process_peak, step_peak = peaks.report()
-                ui.report_train(it, train_loss, tokens_sec, trained_tokens, step_peak)
+                process_peak, step_peaks = peaks.report(world)  # every rank reports here: a collective
+                ui.report_train(it, train_loss, tokens_sec, trained_tokens, step_peaks)
                 if callback is not None:
                     callback.on_train_loss_report(
                         {
@@ -210,7 +241,8 @@ def _loop(model, optimizer, train_dataset, val_dataset, args, loss, iterate_batc
                             "tokens_per_second": tokens_sec,
                             "trained_tokens": trained_tokens,
                             "peak_memory": process_peak / 1e9,
-                            "step_peak_memory": step_peak / 1e9,
+                            "step_peak_memory": step_peaks[rank] / 1e9,
+                            "step_peak_memory_per_rank": [p / 1e9 for p in step_peaks],
                         }
                     )
                 losses, n_tokens, steps, train_time = 0, 0, 0, 0.0

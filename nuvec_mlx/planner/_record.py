@@ -155,7 +155,7 @@ class Plan:
 
     def save_json(self, path: str | Path) -> Path:
         """Write :meth:`to_dict` to ``path`` as JSON."""
-        path = Path(path)
+        path = _validate.check_path(path, "path")
         path.write_text(json.dumps(self.to_dict(), indent=1))
         return path
 
@@ -170,7 +170,7 @@ class Plan:
         Example:
             >>> nv.Plan.load_json("plan.json").apply(model)
         """
-        data = json.loads(Path(path).read_text())
+        data = json.loads(_validate.check_path(path, "path").read_text())
         unknown = sorted({m for m in data["modes"] if m != PLAIN and m not in KNOWN})
         if unknown:
             raise ValueError(

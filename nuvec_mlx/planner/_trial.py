@@ -50,11 +50,12 @@ def as_batch(batch: Any) -> tuple:
     return (batch,)
 
 
-def check_batch(batch: object) -> None:
-    """``TypeError`` unless ``batch`` is an array or a tuple of the loss's arguments holding one."""
+def check_batch(batch: object, name: str = "batch", verb: str = "be ") -> None:
+    """``TypeError`` unless ``batch`` is an array or a tuple of the loss's arguments holding one (``name``
+    must ``verb`` one)."""
     if not any(isinstance(a, mx.array) for a in as_batch(batch)):
         raise TypeError(
-            "batch must be an mlx.core.array or a tuple of the loss's arguments holding arrays, "
+            f"{name} must {verb}an mlx.core.array or a tuple of the loss's arguments holding arrays, "
             f"got {type(batch).__name__}"
         )
 

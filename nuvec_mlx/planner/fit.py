@@ -163,7 +163,9 @@ def _largest_fit(
     peaks: list[tuple[int, int]] = []
 
     def peak(size: int) -> int:
-        readings = trial.measure(make_batch(size), as_run=True)
+        batch = make_batch(size)
+        _trial.check_batch(batch, f"make_batch({size})", "return ")
+        readings = trial.measure(batch, as_run=True)
         peaks.append((size, max(r.peak for r in readings)))
         bar.update()
         return peaks[-1][1]

@@ -125,7 +125,7 @@ class SavedActivations:
 
     def save_json(self, path: str | Path) -> Path:
         """Write :meth:`to_dict` to ``path`` as JSON."""
-        path = Path(path)
+        path = _validate.check_path(path, "path")
         path.write_text(json.dumps(self.to_dict(), indent=1))
         return path
 
