@@ -1,7 +1,7 @@
 """nuvec_mlx.mlx_lm: ``nuvec-mlx-lora`` trains as ``mlx_lm.lora`` does, every block checkpointed.
 
 The models are mlx-lm architectures with random weights, written to folders in
-mlx-lm's on-disk format (tests/helpers.py), with a tiny word-level tokenizer
+mlx-lm's on-disk format (tests/mlx_lm_folders.py), with a tiny word-level tokenizer
 and JSONL dataset. The architecture matrix runs eagerly (``mx.compile``
 disabled for both commands): compiling costs about 30 s of g++ per
 architecture on a cold kernel cache, and the checkpoints' values do not depend
@@ -32,7 +32,7 @@ from nuvec_mlx.mlx_lm import _report as _train_report
 from nuvec_mlx import mlx_lm as nvlm
 from nuvec_mlx_bench import measure
 from nuvec_mlx_bench.train_steps import Case, TrainWorkload
-from tests.helpers import data_folder, model_folder
+from tests.mlx_lm_folders import data_folder, model_folder
 
 #: Architecture -> what its tiny model needs: MLX's CPU GatherMM (the experts of an
 #: unquantized MoE) runs float32 only, and qwen3_moe's router quantizes in groups of 64;

@@ -150,7 +150,7 @@ def gradients(g, use_checkpoints, compile_step):
     if compile_step:
         step = nv.compile_flat(step)
     out = step(inputs(g))
-    mx.eval(out)
+    nv.eval(out)
     return out
 
 
