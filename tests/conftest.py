@@ -1,3 +1,16 @@
+"""Shared fixtures and settings of the test suite.
+
+Two loops:
+
+- ``python -m pytest`` runs everything (CI, the README's command);
+- ``python -m pytest -m "not slow"`` is the developer loop: it leaves out the tests marked ``slow``
+  (over about 3 s each on a 2-core CPU: the seed test, the planner's and largest_fit's sweeps, the
+  mlx-lm trainer against mlx_lm.lora), and runs in under two minutes there.
+
+``python -m pytest -W error::FutureWarning`` checks that no test uses a deprecated spelling (only
+tests/test_deprecated.py does, inside ``pytest.warns``).
+"""
+
 import os
 
 import mlx.core as mx

@@ -60,7 +60,7 @@ def transformer():
 
 def test_the_report_matches_the_memory_each_block_keeps_between_its_stages(transformer, compiled):
     w, model, x, loss = transformer
-    report = nv.saved_activations(model, loss, x, policy=nv.policies.save_matmuls, measure=True)
+    report = nv.saved_activations(nv.TrainingStep(model, loss), x, policy=nv.policies.save_matmuls, measure=True)
     assert len(report.blocks) == 3
     for b in report.blocks:
         unchecked, checkpointed = b.total(b.unchecked), b.total(b.checkpointed)
@@ -76,7 +76,7 @@ def test_the_report_matches_the_memory_each_block_keeps_between_its_stages(trans
 def test_a_checkpointed_block_keeps_its_input_and_the_report_prints_and_writes_json(transformer, tmp_path):
     w, model, x, loss = transformer
     nv.checkpoint_layers(model)
-    report = nv.saved_activations(model, loss, x)
+    report = nv.saved_activations(nv.TrainingStep(model, loss), x)
     assert all(nv.is_checkpointed(b) for b in model.layers)
     nv.checkpoint_layers(model, enable=False)
     for b in report.blocks:
@@ -101,6 +101,6 @@ def test_a_block_that_cannot_be_exported_says_why():
 
     model = nn.Module()
     model.layers = [Custom()]
-    report = nv.saved_activations(model, lambda m, x: m.layers[0](x).sum(), mx.ones((2, 4)))
+    report = nv.saved_activations(nv.TrainingStep(model, lambda m, x: m.layers[0](x).sum()), mx.ones((2, 4)))
     (b,) = report.blocks
     assert b.unchecked is None and "CustomTransforms" in b.error and "not listed" in str(report)
