@@ -100,9 +100,18 @@ def tiny_llama(layers: int = 4, hidden: int = 64, vocab: int = 256, seed: int = 
     llama = pytest.importorskip("mlx_lm.models.llama")
 
     mx.random.seed(seed)
-    model = llama.Model(llama.ModelArgs(
-        model_type="llama", hidden_size=hidden, num_hidden_layers=layers, intermediate_size=2 * hidden,
-        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=vocab))
+    model = llama.Model(
+        llama.ModelArgs(
+            model_type="llama",
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            intermediate_size=2 * hidden,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            vocab_size=vocab,
+        )
+    )
     mx.eval(model.parameters())
     return model
 

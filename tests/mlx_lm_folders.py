@@ -27,12 +27,14 @@ def write_tokenizer(folder) -> None:
     vocab = {t: i for i, t in enumerate(SPECIAL + WORDS)}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
-                            unk_token="<unk>", pad_token="<pad>").save_pretrained(str(folder))
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    ).save_pretrained(str(folder))
 
 
-def model_folder(folder, arch: str, dtype: str = "bfloat16", quantized: bool = False,
-                 hidden: int = 32, layers: int = 2):
+def model_folder(
+    folder, arch: str, dtype: str = "bfloat16", quantized: bool = False, hidden: int = 32, layers: int = 2
+):
     """An mlx-lm model folder with random weights: config.json, safetensors and a tokenizer.
 
     What ``mlx_lm.utils.load`` (and so ``mlx_lm.lora --model folder``) loads; quantized, what
@@ -52,7 +54,8 @@ def data_folder(folder, rows: int = 8, seed: int = 0):
     folder.mkdir(parents=True, exist_ok=True)
     pick = random.Random(seed)
     for split, n in (("train", rows), ("valid", 4), ("test", 4)):
-        lines = [json.dumps({"text": " ".join(pick.choice(WORDS) for _ in range(pick.randint(8, 24)))})
-                 for _ in range(n)]
+        lines = [
+            json.dumps({"text": " ".join(pick.choice(WORDS) for _ in range(pick.randint(8, 24)))}) for _ in range(n)
+        ]
         (folder / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
     return folder

@@ -74,8 +74,9 @@ def test_a_throttle_is_bytes_above_the_memory_active_when_the_evaluation_starts(
     """nv.eval(throttle=) and nv.memory.throttle are relative: MLX's limit is the active memory plus the
     throttle, whatever is held (a budget, in nv.plan, is absolute)."""
     headroom, real_eval = [], mx.eval
-    monkeypatch.setattr(mx, "eval", lambda *a: headroom.append(mx.get_memory_limit() - mx.get_active_memory())
-                        or real_eval(*a))
+    monkeypatch.setattr(
+        mx, "eval", lambda *a: headroom.append(mx.get_memory_limit() - mx.get_active_memory()) or real_eval(*a)
+    )
     for held in (0, 64 * MiB):
         ballast = mx.zeros((held // 4,))
         real_eval(ballast)

@@ -42,8 +42,9 @@ def test_the_largest_sequence_is_within_5_percent_of_the_measured_largest(compil
     make = lambda t: tokens[:, : t + 1]  # noqa: E731
     opt = optim.Adam(1e-3)
     budget = 24 * MiB
-    fit = nv.largest_fit(nv.TrainingStep(model, loss_fn, opt), make, budget, sizes=(64, 128, 256), multiple=8,
-                         progress=False)
+    fit = nv.largest_fit(
+        nv.TrainingStep(model, loss_fn, opt), make, budget, sizes=(64, 128, 256), multiple=8, progress=False
+    )
     assert fit.size > 256 and all(p <= budget for s, p in fit.peaks if s == fit.size), str(fit)
     assert fit.below is not None and fit.below - fit.size <= max(8, 0.02 * fit.size), str(fit)
     # Measured afresh around the answer: 5% more does not fit, 5% less does.
@@ -56,18 +57,21 @@ def test_the_largest_batch_of_the_benchmark_transformer(compiled):
     from nuvec_mlx_bench.workload import Workload
 
     model, x = modules.build(Workload("transformer", batch=64, dim=64, blocks=4, seq=64))
-    fit = nv.largest_fit(nv.TrainingStep(model, modules.loss), lambda b: x[:b], 16 * MiB, sizes=(2, 4, 8),
-                         progress=False)
+    fit = nv.largest_fit(
+        nv.TrainingStep(model, modules.loss), lambda b: x[:b], 16 * MiB, sizes=(2, 4, 8), progress=False
+    )
     assert 8 < fit.size < 64 and fit.below is not None and fit.below - fit.size <= max(1, 0.02 * fit.size)
     assert [s for s, _ in fit.peaks[:3]] == [2, 4, 8] and "largest size that fits 16.0 MiB" in str(fit)
 
 
-@pytest.mark.parametrize("sizes, error", [((4,), ValueError), ((4, 2), ValueError), ((1, 2.0), TypeError),
-                                          ("12", TypeError)])
+@pytest.mark.parametrize(
+    "sizes, error", [((4,), ValueError), ((4, 2), ValueError), ((1, 2.0), TypeError), ("12", TypeError)]
+)
 def test_sizes_must_be_two_increasing_ints(sizes, error):
     with pytest.raises(error, match="sizes"):
-        nv.largest_fit(nv.TrainingStep(nn.Linear(2, 2), lambda m, x: m(x).sum()), lambda s: mx.ones((s, 2)), 1 << 20,
-                       sizes=sizes)
+        nv.largest_fit(
+            nv.TrainingStep(nn.Linear(2, 2), lambda m, x: m(x).sum()), lambda s: mx.ones((s, 2)), 1 << 20, sizes=sizes
+        )
 
 
 def test_the_largest_fit_is_verified_as_its_step_runs_unobserved(monkeypatch, compiled):

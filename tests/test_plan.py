@@ -153,6 +153,20 @@ def test_the_trial_measures_the_users_nv_update_step_not_its_own_undo(case):
     assert abs(least.measured - (m.start + m.rise)) <= 256 << 10, (least.measured, m.start + m.rise)
 
 
+@of("mlp")
+def test_a_budget_counts_everything_the_process_holds(case):
+    """A budget is absolute (a throttle, in nv.eval, is relative): memory the process held beside the
+    step counts, so a budget that fitted does not once as much is held elsewhere."""
+    budget = int((case.first.smallest + case.first.unchecked) / 2)
+    assert case.planner.plan(budget).fits
+    ballast = mx.zeros((budget // 4,))
+    mx.eval(ballast)
+    plan = nv.Planner(case.step, case.batch, progress=False).plan(budget)  # measured with the ballast held
+    del ballast
+    assert plan.start >= case.first.start + budget - (64 << 10), (plan.start, case.first.start)
+    assert not plan.fits and plan.measured > budget, str(plan)
+
+
 @of(*SWEPT)
 def test_a_budget_below_the_smallest_reachable_peak_is_refused_with_that_peak(case):
     plan = case.planner.plan(int(0.8 * case.first.smallest))
@@ -327,6 +341,10 @@ def test_a_plan_applies_to_its_model_or_another_and_comes_back_from_json(case, t
     with pytest.raises(ValueError, match="pass plan.apply\\(model\\)"):
         loaded.apply()  # a loaded plan has no blocks of its own
     fresh, loss_fn, x, _ = CASES["transformer"]()
+    assert plan.apply(fresh) is plan  # another model than the plan's own: its blocks, found by name
+    assert [nv.is_checkpointed(b) for b in fresh.layers] == [m != "plain" for m in modes]
+    assert not any(nv.is_checkpointed(b) for b in case.model.layers)
+    nv.checkpoint_layers(fresh, enable=False)
     assert loaded.apply(fresh) is loaded
     assert [nv.is_checkpointed(b) for b in fresh.layers] == [m != "plain" for m in modes]
     kinds, kept = kept_per_stage(fresh, x, loss_fn)

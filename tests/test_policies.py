@@ -58,8 +58,13 @@ def flat(tree):
     return [v for _, v in tree_flatten(tree)]
 
 
-POLICIES = [policies.save_nothing, policies.save_matmuls, policies.save_names("hidden"),
-            policies.save_everything, lambda value: True]
+POLICIES = [
+    policies.save_nothing,
+    policies.save_matmuls,
+    policies.save_names("hidden"),
+    policies.save_everything,
+    lambda value: True,
+]
 
 
 @pytest.mark.parametrize("compiled_step", [False, True], ids=["eager", "compiled"])
@@ -73,8 +78,11 @@ def test_every_policy_gives_the_unchecked_gradients(policy, compiled_step, compi
     nv.eval(ck_value, ck_grads)
     assert_close(ck_value, value, 1e-6)
     assert_close(flat(ck_grads), flat(grads), 1e-5)
-    assert all(type(m) in (nn.Linear, nn.QuantizedLinear) for _, m in model.named_modules()
-               if isinstance(m, (nn.Linear, nn.QuantizedLinear))), "a layer kept its intercepting class"
+    assert all(
+        type(m) in (nn.Linear, nn.QuantizedLinear)
+        for _, m in model.named_modules()
+        if isinstance(m, (nn.Linear, nn.QuantizedLinear))
+    ), "a layer kept its intercepting class"
 
 
 def matmuls_in_gradient_graph(model, x, tmp_path, loss=loss):
@@ -196,11 +204,15 @@ def test_named_values_of_a_flat_function_are_kept(compiled_step, compiled):
     kept_step, kept = step_of(policies.save_names("h"))
     nothing_step, _ = step_of(policies.save_nothing)
     # Between its forward and backward stages a block keeps its input; with h named and kept, h too.
-    kept_bytes, nothing_bytes = held_per_forward_stage(lambda: kept_step(xs)), held_per_forward_stage(
-        lambda: nothing_step(xs))
+    kept_bytes, nothing_bytes = (
+        held_per_forward_stage(lambda: kept_step(xs)),
+        held_per_forward_stage(lambda: nothing_step(xs)),
+    )
     h = 256 * 256 * 4
     assert len(kept_bytes) == 2 and all(abs(k - n - h) <= 4096 for k, n in zip(kept_bytes, nothing_bytes)), (
-        kept_bytes, nothing_bytes)
+        kept_bytes,
+        nothing_bytes,
+    )
     out = kept_step(xs)
     nv.eval(out)
     plain = step_of(None)[0](xs)
@@ -269,8 +281,9 @@ def kept_per_block(model, x, policy):
         nv.checkpoint_layers(model, enable=False)
     else:
         nv.checkpoint_layers(model, policy=policy)
-    step = nv.compile(lambda x: nv.value_and_grad(model, modules_loss())(model, x),
-                      inputs=[model.state], outputs=[model.state])
+    step = nv.compile(
+        lambda x: nv.value_and_grad(model, modules_loss())(model, x), inputs=[model.state], outputs=[model.state]
+    )
     nv.eval(step(x))
     with nv.memory.measure() as m, nv.memory.timeline() as t:
         nv.eval(step(x))
@@ -302,8 +315,11 @@ def test_save_matmuls_keeps_the_layer_outputs_and_stays_well_below_plain(compile
     assert matmuls_peak <= 0.5 * plain_peak, (matmuls_peak, plain_peak)
 
 
-@pytest.mark.parametrize("policy", [policies.save_matmuls, policies.save_names("h"), policies.save_everything],
-                         ids=["matmuls", "names", "everything"])
+@pytest.mark.parametrize(
+    "policy",
+    [policies.save_matmuls, policies.save_names("h"), policies.save_everything],
+    ids=["matmuls", "names", "everything"],
+)
 def test_per_example_gradients_and_hessian_vector_products_go_through_kept_values(policy):
     layer = nn.Linear(8, 8)
     mx.eval(layer.parameters())

@@ -10,7 +10,8 @@ from tests.helpers import assert_close
 
 
 def test_pytree_args_kwargs_static_and_int():
-    x = mx.random.normal((3, 4)); w = mx.random.normal((4, 4))
+    x = mx.random.normal((3, 4))
+    w = mx.random.normal((4, 4))
     idx = mx.array([0, 2])
 
     def f(x, p, idx, scale=2.0, mode="tanh"):
@@ -18,7 +19,10 @@ def test_pytree_args_kwargs_static_and_int():
         return {"h": (h[idx],)}
 
     g = nv.checkpoint(f)
-    L = lambda fn: (lambda x, w: fn(x, {"w": [w]}, idx, scale=3.0)["h"][0].sum())
+
+    def L(fn):
+        return lambda x, w: fn(x, {"w": [w]}, idx, scale=3.0)["h"][0].sum()
+
     assert_close(mx.grad(L(g), argnums=[0, 1])(x, w), mx.grad(L(f), argnums=[0, 1])(x, w), 1e-5)
 
 
@@ -30,8 +34,13 @@ def test_decorator_and_captured_module_gets_gradients():
         return mx.tanh(lin(x))
 
     x = mx.random.normal((2, 4))
-    loss = lambda m, x: f(x).sum()
-    ref = lambda m, x: mx.tanh(lin(x)).sum()
+
+    def loss(m, x):
+        return f(x).sum()
+
+    def ref(m, x):
+        return mx.tanh(lin(x)).sum()
+
     g = nn.value_and_grad(lin, loss)(lin, x)[1]
     g0 = nn.value_and_grad(lin, ref)(lin, x)[1]
     assert_close(g["weight"], g0["weight"], 1e-5)
@@ -43,7 +52,9 @@ def test_a_captured_array_gets_its_exact_gradient_or_none_as_captured_says(captu
     x, w = mx.array([1.0, -2.0, 3.0]), mx.array([0.5, 4.0, -1.0])
 
     def loss(x, w, checkpointed):
-        f = lambda x: mx.sin(x * w)
+        def f(x):
+            return mx.sin(x * w)
+
         f = nv.checkpoint(f, captured=captured) if checkpointed else f
         return f(x).sum()
 
@@ -158,8 +169,13 @@ def test_a_module_passed_as_an_argument_reaches_fn_as_the_module_and_is_differen
     x = mx.random.normal((2, 4), key=mx.random.key(2))
     f = nv.checkpoint(lambda m, x: mx.tanh(m(x)))
     assert_close(f(lin, x), mx.tanh(lin(x)))
-    loss = lambda model, x: f(model, x).sum()
-    ref = lambda model, x: mx.tanh(model(x)).sum()
+
+    def loss(model, x):
+        return f(model, x).sum()
+
+    def ref(model, x):
+        return mx.tanh(model(x)).sum()
+
     grads = nn.value_and_grad(lin, loss)(lin, x)[1]
     ref_grads = nn.value_and_grad(lin, ref)(lin, x)[1]
     assert_close([grads["weight"], grads["bias"]], [ref_grads["weight"], ref_grads["bias"]])
@@ -199,9 +215,9 @@ _HELPER_TABLE: dict = {}
 
 # Each route builds a function of x that reads the traced value w without receiving it.
 ROUTES = {
-    "closure cell": lambda w: (lambda x: x * w),
-    "default": lambda w: (lambda x, w=w: x * w),
-    "keyword-only default": lambda w: (lambda x, *, w=w: x * w),
+    "closure cell": lambda w: lambda x: x * w,
+    "default": lambda w: lambda x, w=w: x * w,
+    "keyword-only default": lambda w: lambda x, *, w=w: x * w,
     "partial argument": lambda w: functools.partial(lambda w, x: x * w, w),
     "partial keyword": lambda w: functools.partial(lambda x, w: x * w, w=w),
     "list in a closure": lambda w: (lambda ws: lambda x: x * ws[0])([w]),
@@ -240,8 +256,8 @@ class _Scaler(nn.Module):
 
 
 MODULE_ROUTES = {
-    "closure cell": lambda m: (lambda x: m(x)),
-    "default": lambda m: (lambda x, m=m: m(x)),
+    "closure cell": lambda m: lambda x: m(x),
+    "default": lambda m: lambda x, m=m: m(x),
     "partial argument": lambda m: functools.partial(lambda m, x: m(x), m),
     "list in a closure": lambda m: (lambda ms: lambda x: ms[0](x))([m]),
     "dict in a closure": lambda m: (lambda ms: lambda x: ms["m"](x))({"m": m}),
@@ -272,7 +288,10 @@ def _batchnorm_step(checkpointed, compile_step):
         nv.checkpoint_module(model.layers[0])
     mx.eval(model.parameters())
     vg = nn.value_and_grad(model, lambda m, x: (m(x) ** 2).mean())
-    step = lambda x: vg(model, x)
+
+    def step(x):
+        return vg(model, x)
+
     if compile_step:
         step = mx.compile(step, inputs=[model.state], outputs=[model.state])
     for i in range(2):
@@ -342,7 +361,10 @@ def test_digit_and_dotted_keys_reach_the_parameter_swap_intact():
     mx.random.seed(1)
     m = _Keyed()
     x = mx.random.normal((2, 4), key=mx.random.key(7))
-    loss = lambda model, x: (model(x) ** 2).sum()
+
+    def loss(model, x):
+        return (model(x) ** 2).sum()
+
     plain = nn.value_and_grad(m, loss)(m, x)
     nv.checkpoint_module(m)
     ck = nn.value_and_grad(m, loss)(m, x)
@@ -371,7 +393,7 @@ def _closure_stack_peak(checkpointed, blocks=8, b=256, d=64):
     mx.random.seed(0)
     model = nn.Sequential(*(nn.Sequential(nn.Linear(d, 4 * d), nn.Tanh(), nn.Linear(4 * d, d)) for _ in range(blocks)))
     mx.eval(model.parameters())
-    fs = [(lambda mlp: lambda h: h + mlp(h))(mlp) for mlp in model.layers]
+    fs = [(lambda layer: lambda h: h + layer(h))(mlp) for mlp in model.layers]
     fs = [nv.checkpoint(f) for f in fs] if checkpointed else fs
 
     def loss(m, x):

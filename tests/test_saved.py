@@ -29,7 +29,10 @@ def test_residuals_are_what_the_backward_part_reads_from_the_forward_part():
     # tanh's vjp reads its input (x @ w), the product's the broadcast 2 (one float's buffer), the
     # matmul's x (an argument) and w (a weight: not listed).
     assert sorted((s.made_by, s.shape, s.nbytes) for s in saved) == [
-        ("Broadcast", (4, 16), 4), ("Matmul", (4, 16), 4 * 16 * 4), ("argument", (4, 8), 4 * 8 * 4)]
+        ("Broadcast", (4, 16), 4),
+        ("Matmul", (4, 16), 4 * 16 * 4),
+        ("argument", (4, 8), 4 * 8 * 4),
+    ]
 
 
 def test_views_share_their_source_buffer():
@@ -43,8 +46,11 @@ def test_views_share_their_source_buffer():
     # sin's and cos's vjps read their inputs: two views of x (one buffer, counted once); the
     # product's vjp reads both factors: views of the sin and cos outputs.
     assert sorted((s.made_by, s.view_of, s.shared) for s in saved) == [
-        ("Reshape", "Sin", False), ("Reshape", "argument", True), ("Transpose", "Cos", False),
-        ("Transpose", "argument", False)]
+        ("Reshape", "Sin", False),
+        ("Reshape", "argument", True),
+        ("Transpose", "Cos", False),
+        ("Transpose", "argument", False),
+    ]
     assert sum(s.nbytes for s in saved if not s.shared) == 3 * 4 * 8 * 4
 
 
@@ -87,7 +93,8 @@ def test_a_checkpointed_block_keeps_its_input_and_the_report_prints_and_writes_j
     assert "Softmax" in text and "all blocks:" in text
     data = json.loads(report.save_json(tmp_path / "saved.json").read_text())
     assert data["policy"] == "save_nothing" and data["blocks"][0]["unchecked_bytes"] == report.blocks[0].total(
-        report.blocks[0].unchecked)
+        report.blocks[0].unchecked
+    )
 
 
 def test_a_block_that_cannot_be_exported_says_why():

@@ -13,6 +13,4 @@ def seed_peak(strategy: str) -> int:
 def test_checkpointed_blocks_lower_peak_memory_under_compile(compiled):
     plain = seed_peak("none-policy")
     checkpointed = seed_peak("nuvec")
-    assert checkpointed * 10 <= plain * 6, (
-        f"checkpointed peak {checkpointed} bytes is not at most 60% of {plain}"
-    )
+    assert checkpointed * 10 <= plain * 6, f"checkpointed peak {checkpointed} bytes is not at most 60% of {plain}"

@@ -74,6 +74,7 @@ def test_eval_from_four_threads_gives_serial_values_and_restores_the_limit(compi
 
 def test_compiled_step_draws_from_the_calling_threads_key(compiled):
     step = nv.compile_flat(lambda xs: [xs[0] + mx.random.uniform(shape=(3,))])
+
     def draws(t, fn):
         mx.random.seed(200 + t)
         out = [fn([mx.zeros((3,))])[0] for _ in range(3)]

@@ -46,7 +46,10 @@ def test_each_blocks_update_is_a_stage_right_after_its_backward_stage(compiled):
         nv.eval(step(), state)
     backward_then_update = [(kind, b) for b in (4, 3, 2, 1) for kind in ("backward", "update")]
     assert [(r.kind, r.block) for r in t.readings] == [
-        *(("forward", b) for b in (1, 2, 3, 4)), *backward_then_update, ("outputs", None)]
+        *(("forward", b) for b in (1, 2, 3, 4)),
+        *backward_then_update,
+        ("outputs", None),
+    ]
     assert t.readings[5].name() == "update of block 4's parameters"
 
 
@@ -58,7 +61,10 @@ def test_an_update_small_beside_its_backward_stage_is_computed_in_the_stage_afte
     with nv.memory.timeline() as t:
         nv.eval(step(), state)
     assert [(r.kind, r.block) for r in t.readings] == [
-        *(("forward", b) for b in (1, 2, 3, 4)), *(("backward", b) for b in (4, 3, 2, 1)), ("outputs", None)]
+        *(("forward", b) for b in (1, 2, 3, 4)),
+        *(("backward", b) for b in (4, 3, 2, 1)),
+        ("outputs", None),
+    ]
 
 
 # The reference, optimizer.update inside nv.compile, runs unstaged on purpose (and says so).
@@ -69,8 +75,7 @@ def test_an_update_small_beside_its_backward_stage_is_computed_in_the_stage_afte
 def test_parameters_and_optimizer_state_are_the_optimizers_update(batch, checkpointed, is_compiled, compiled):
     runs = []
     for update in (optimizer_update, nv.update):
-        model, optimizer, state, step = training(update, checkpointed=checkpointed, compiled=is_compiled,
-                                                 batch=batch)
+        model, optimizer, state, step = training(update, checkpointed=checkpointed, compiled=is_compiled, batch=batch)
         losses = []
         for _ in range(3):
             losses.append(step())
