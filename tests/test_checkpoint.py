@@ -199,6 +199,7 @@ UNSTAGED = pytest.mark.filterwarnings("ignore::nuvec_mlx.NotStagedWarning")  # m
 @pytest.mark.parametrize(
     "evaluate", [pytest.param(mx.eval, id="mx.eval", marks=UNSTAGED), pytest.param(nv.eval, id="nv.eval")]
 )
+@pytest.mark.slow
 def test_random_draws_are_replayed_only_when_the_backward_pass_reaches_the_block(evaluate, compiled):
     # A replayed key read directly (not through the cotangents) lets MLX draw
     # every block's recomputed dropout mask early and keep them all alive.

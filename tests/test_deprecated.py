@@ -102,6 +102,7 @@ def small_model():
     return model, mx.random.normal((4, 16), key=mx.random.key(1))
 
 
+@pytest.mark.slow
 def test_plan_of_a_model_and_a_loss_is_the_plan_of_their_step_and_replans():
     model, x = small_model()
     opt = optim.SGD(0.1)

@@ -178,6 +178,7 @@ def test_a_checkpointed_step_is_evaluated_forward_then_backward_one_block_at_a_t
     assert max(peak for _, _, peak in spy.calls) <= 0.25 * m.rise
 
 
+@pytest.mark.slow
 def test_a_checkpointed_step_through_nv_eval_peaks_far_below_the_plain_step(compiled):
     def peak(strategy, evaluate):
         sc = _mlp_step(strategy, blocks=8)
@@ -188,6 +189,7 @@ def test_a_checkpointed_step_through_nv_eval_peaks_far_below_the_plain_step(comp
     assert staged <= 0.30 * plain, f"{staged / plain:.3f} of the plain peak"
 
 
+@pytest.mark.slow
 def test_stages_not_taken_by_nv_eval_keep_no_memory(compiled):
     sc = _mlp_step("nuvec")
     nv.eval(sc.step(sc.inputs))

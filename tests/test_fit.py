@@ -35,6 +35,7 @@ def peak(model, loss_fn, batch, optimizer):
     return max(peaks)
 
 
+@pytest.mark.slow
 def test_the_largest_sequence_is_within_5_percent_of_the_measured_largest(compiled):
     model = tiny_llama(layers=4)
     tokens = mx.random.randint(0, 256, (2, 2049), key=mx.random.key(1))
@@ -52,6 +53,7 @@ def test_the_largest_sequence_is_within_5_percent_of_the_measured_largest(compil
     assert peak(model, loss_fn, make(math.floor(0.95 * fit.size)), opt) <= budget
 
 
+@pytest.mark.slow
 def test_the_largest_batch_of_the_benchmark_transformer(compiled):
     from nuvec_mlx_bench import modules
     from nuvec_mlx_bench.workload import Workload
@@ -74,6 +76,7 @@ def test_sizes_must_be_two_increasing_ints(sizes, error):
         )
 
 
+@pytest.mark.slow
 def test_the_largest_fit_is_verified_as_its_step_runs_unobserved(monkeypatch, compiled):
     from nuvec_mlx_bench import modules
     from nuvec_mlx_bench.workload import Workload

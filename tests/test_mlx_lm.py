@@ -151,8 +151,15 @@ def assert_trains_as_mlx_lm_lora(
         assert kinds == ["forward"] * blocks + ["chunk", "chunk"] + backward * blocks + ["outputs"], s
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("arch", ARCHS)
+#: Every architecture in every mode; the developer loop (``-m "not slow"``) runs llama with LoRA only.
+MATRIX = [
+    pytest.param(arch, mode, id=f"{arch}-{mode}", marks=() if (arch, mode) == ("llama", "lora") else pytest.mark.slow)
+    for mode in MODES
+    for arch in ARCHS
+]
+
+
+@pytest.mark.parametrize("arch, mode", MATRIX)
 def test_training_with_every_block_checkpointed_equals_mlx_lm_lora(
     arch, mode, folders, data, tmp_path, eager, monkeypatch, capsys
 ):
@@ -173,6 +180,7 @@ def test_gradient_accumulation_equals_mlx_lm_lora(folders, data, tmp_path, eager
     )
 
 
+@pytest.mark.slow
 def test_the_command_trains_compiled_as_mlx_lm_lora_with_dropout_and_mlx_lm_loads_its_adapters(
     compiled, folders, data, tmp_path
 ):
@@ -284,6 +292,7 @@ def test_report_line_is_mlx_lm_s_with_the_peak_at_its_end(capsys):
     assert reports(capsys.readouterr().out) == [(1, "2.500", "1.234 GB"), (2, "2.750", "45.6 MB")]
 
 
+@pytest.mark.slow
 def test_with_lora_dropout_nuvec_peaks_below_mlx_lm_s_checkpoint_in_either_trainer(compiled):
     """The replayed dropout key waits for the cotangents: nuvec's masks live no longer than mlx-lm's.
 

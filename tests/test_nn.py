@@ -218,6 +218,7 @@ def _step_peak(ckpt):
     return mm.rise
 
 
+@pytest.mark.slow
 def test_compiled_training_step_peak_halved(compiled):
     base = _step_peak(False)
     ck = _step_peak(True)

@@ -103,7 +103,7 @@ def settings():
 """
 
 
-@pytest.mark.parametrize("module", ["nuvec_mlx", "nuvec_mlx.mlx_lm"])
+@pytest.mark.parametrize("module", ["nuvec_mlx", pytest.param("nuvec_mlx.mlx_lm", marks=pytest.mark.slow)])
 def test_importing_changes_no_process_wide_setting(module):
     code = f"{SETTINGS}\nbefore = settings()\nimport {module}\nprint(json.dumps([before, settings()]))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

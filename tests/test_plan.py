@@ -96,8 +96,12 @@ def case(request, compiled):
 
 
 def of(*names):
-    """The tests take the ``case`` fixture for each of ``names``."""
-    return pytest.mark.parametrize("case", names, indirect=True)
+    """The test takes the ``case`` fixture for each of ``names``; slow, as measuring a case is."""
+
+    def marked(test):
+        return pytest.mark.slow(pytest.mark.parametrize("case", names, indirect=True)(test))
+
+    return marked
 
 
 def parameters(model):
@@ -193,6 +197,7 @@ def test_apply_checkpoints_the_blocks_as_planned_with_the_unchecked_gradients(ca
     assert_close([v for _, v in tree_flatten(grads)], [v for _, v in tree_flatten(reference)], 1e-5)
 
 
+@pytest.mark.slow
 def test_planning_leaves_the_optimizer_and_the_random_key_as_they_were(compiled):
     model, loss_fn, x, _ = CASES["mlp"]()
     opt = optim.AdamW(1e-2)
@@ -279,6 +284,7 @@ def test_a_plan_of_a_step_that_synchronizes_is_verified_and_timed_so(monkeypatch
     assert not case.planner.plan(budget).synchronize
 
 
+@pytest.mark.slow
 def test_policies_that_print_alike_are_each_measured(compiled):
     """Policies are told apart by identity: two lambdas (one ``__qualname__``) are two modes."""
     model, loss_fn, x, _ = CASES["mlp"]()

@@ -297,6 +297,7 @@ def modules_loss():
     return modules.loss
 
 
+@pytest.mark.slow
 def test_save_matmuls_keeps_the_layer_outputs_and_stays_well_below_plain(compiled):
     from nuvec_mlx_bench import modules
     from nuvec_mlx_bench.workload import Workload

@@ -22,6 +22,7 @@ derandomized) and ``dev`` (more, random), registered in ``tests/conftest.py``.
 
 import mlx.core as mx
 import mlx.nn as nn
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx.utils import tree_flatten
@@ -156,6 +157,7 @@ def gradients(g, use_checkpoints, compile_step):
     return out
 
 
+@pytest.mark.slow
 @given(g=graphs())
 def test_checkpointed_gradients_equal_plain_eager(g):
     assert_close(gradients(g, True, False), gradients(g, False, False))

@@ -412,6 +412,7 @@ def _closure_stack_peak(checkpointed, blocks=8, b=256, d=64):
     return sorted(peaks)[1]
 
 
+@pytest.mark.slow
 def test_a_module_reached_through_a_closure_is_recomputed_not_kept():
     # Found, its parameters are the checkpoint's inputs: measured 0.28 of the
     # plain peak (CPU). Not found, its gradient would still be exact but flow

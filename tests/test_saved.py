@@ -64,6 +64,7 @@ def transformer():
     return w, model, x, modules.loss
 
 
+@pytest.mark.slow
 def test_the_report_matches_the_memory_each_block_keeps_between_its_stages(transformer, compiled):
     w, model, x, loss = transformer
     report = nv.saved_activations(nv.TrainingStep(model, loss), x, policy=nv.policies.save_matmuls, measure=True)

@@ -1,5 +1,7 @@
 """nuvec-compile 0.6.1's checkpoint memory test, ported: same model, same shapes."""
 
+import pytest
+
 from nuvec_mlx_bench import workloads
 from nuvec_mlx_bench.workload import SEED
 from tests.helpers import rise
@@ -10,6 +12,7 @@ def seed_peak(strategy: str) -> int:
     return rise(lambda: sc.step(sc.inputs), sc.evaluate)
 
 
+@pytest.mark.slow
 def test_checkpointed_blocks_lower_peak_memory_under_compile(compiled):
     plain = seed_peak("none-policy")
     checkpointed = seed_peak("nuvec")
