@@ -1,22 +1,38 @@
+"""Shared fixtures and settings of the test suite.
+
+Two loops:
+
+- ``python -m pytest`` runs everything (CI, the README's command);
+- ``python -m pytest -m "not slow"`` is the developer loop: it leaves out the tests marked ``slow``
+  (over about 3 s each on a 2-core CPU: the seed test, the planner's and largest_fit's sweeps, the
+  mlx-lm trainer against mlx_lm.lora), and runs in under two minutes there.
+
+``python -m pytest -W error::FutureWarning`` checks that no test uses a deprecated spelling (only
+tests/test_deprecated.py does, inside ``pytest.warns``).
+"""
+
 import os
 
 import mlx.core as mx
 import pytest
 from hypothesis import HealthCheck, settings
 
+import nuvec_mlx as nv
+
 # Hypothesis profiles, chosen by HYPOTHESIS_PROFILE (default "ci"). "ci" runs
 # 240 eager and 60 compiled graph examples in tests/test_properties.py, the
 # same ones every run; "dev" runs 1500 + 375 fresh random ones.
 settings.register_profile(
-    "ci", max_examples=240, deadline=None, derandomize=True, database=None,
-    print_blob=True, suppress_health_check=[HealthCheck.too_slow],
+    "ci",
+    max_examples=240,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
 )
-settings.register_profile(
-    "dev", max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+settings.register_profile("dev", max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
-import nuvec_mlx as nv
 
 
 @pytest.fixture(scope="session")
@@ -26,8 +42,7 @@ def compiled():
     for _ in range(3):
         mx.eval(step([mx.ones((4,))]))
     assert step.traces == 1, (
-        "mx.compile retraced on every call: it is not compiling here "
-        "(on Linux CPU, g++ must be on PATH)"
+        "mx.compile retraced on every call: it is not compiling here (on Linux CPU, g++ must be on PATH)"
     )
     return True
 

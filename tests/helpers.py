@@ -1,18 +1,19 @@
-"""Helpers shared by the tests: comparisons that do not hide what they compare."""
+"""Helpers shared by the tests: comparisons that do not hide what they compare, and small models.
+
+They need MLX and nuvec_mlx only (mlx-lm only where :func:`tiny_llama` is called): a core test
+imports no optional dependency. The mlx-lm model and data folders are in :mod:`tests.mlx_lm_folders`.
+"""
 
 from __future__ import annotations
 
-import json
-import random
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.utils import save_config, save_model
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+import pytest
 
-from nuvec_mlx_bench import architectures
+import nuvec_mlx as nv
 
 
 def assert_close(actual, expected, rtol: float = 1e-6) -> None:
@@ -49,58 +50,68 @@ def assert_evaluated(before: int, nbytes: int) -> None:
     assert grown >= nbytes - 4096, f"active memory grew by {grown} bytes, expected >= {nbytes}: not evaluated"
 
 
-# --- mlx-lm model and data folders ---------------------------------------------------------
+class Residual(nn.Module):
+    """``x + tanh(linear(x))``."""
 
-#: The words of the tiny tokenizer; with its four special tokens, the vocabulary of the test models.
-WORDS = [f"w{i}" for i in range(60)]
-SPECIAL = ["<pad>", "<unk>", "<s>", "</s>"]
-VOCAB = len(SPECIAL) + len(WORDS)
+    def __init__(self, dim: int):
+        super().__init__()
+        self.linear = nn.Linear(dim, dim)
 
-
-def write_tokenizer(folder) -> None:
-    """A word-level tokenizer of :data:`WORDS`, saved as ``transformers`` saves one (mlx-lm loads it)."""
-    vocab = {t: i for i, t in enumerate(SPECIAL + WORDS)}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
-                            unk_token="<unk>", pad_token="<pad>").save_pretrained(str(folder))
+    def __call__(self, x: mx.array) -> mx.array:
+        return x + mx.tanh(self.linear(x))
 
 
-def model_folder(folder, arch: str, dtype: str = "bfloat16", quantized: bool = False,
-                 hidden: int = 32, layers: int = 2):
-    """An mlx-lm model folder with random weights: config.json, safetensors and a tokenizer.
+class Blocks(nn.Module):
+    """A linear head, then residual blocks in ``layers``: at a small batch, weights that outweigh the
+    activations, as in fine-tuning."""
 
-    What ``mlx_lm.utils.load`` (and so ``mlx_lm.lora --model folder``) loads; quantized, what
-    ``mlx_lm.convert -q`` writes (the base model of QLoRA).
+    def __init__(self, blocks: int, dim: int):
+        super().__init__()
+        self.head = nn.Linear(dim, dim)
+        self.layers = [Residual(dim) for _ in range(blocks)]
+
+    def __call__(self, x: mx.array) -> mx.array:
+        x = self.head(x)
+        for block in self.layers:
+            x = block(x)
+        return x
+
+
+def mean_square(model: nn.Module, x: mx.array) -> mx.array:
+    """A loss: the mean square of the model's output."""
+    return (model(x) ** 2).mean()
+
+
+def rise(step: Callable[[], Any], evaluate: Callable[[Any], None]) -> int:
+    """Bytes a step's evaluation peaked at above the memory active before it, its outputs included.
+
+    One step, its buffer cache cleared first (:func:`nuvec_mlx.memory.measure`):
+    ``evaluate(step())``, the outputs dropped before the measurement ends.
     """
-    folder = Path(folder)
-    model, config = architectures.build(architectures.config(arch, hidden, layers, vocab=VOCAB), dtype, quantized)
-    save_model(folder, model)
-    save_config(config, folder / "config.json")
-    write_tokenizer(folder)
-    return folder
-
-
-def data_folder(folder, rows: int = 8, seed: int = 0):
-    """``train.jsonl``, ``valid.jsonl`` and ``test.jsonl`` of ``{"text": ...}`` lines of 8 to 24 words."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    pick = random.Random(seed)
-    for split, n in (("train", rows), ("valid", 4), ("test", 4)):
-        lines = [json.dumps({"text": " ".join(pick.choice(WORDS) for _ in range(pick.randint(8, 24)))})
-                 for _ in range(n)]
-        (folder / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
-    return folder
+    with nv.memory.measure() as m:
+        outputs = step()
+        evaluate(outputs)
+        del outputs
+    return m.rise
 
 
 def tiny_llama(layers: int = 4, hidden: int = 64, vocab: int = 256, seed: int = 0):
-    """A random-weight mlx-lm Llama (4 heads, 2 of them key/value), evaluated."""
-    from mlx_lm.models import llama
+    """A random-weight mlx-lm Llama (4 heads, 2 of them key/value), evaluated; skips the test without mlx-lm."""
+    llama = pytest.importorskip("mlx_lm.models.llama")
 
     mx.random.seed(seed)
-    model = llama.Model(llama.ModelArgs(
-        model_type="llama", hidden_size=hidden, num_hidden_layers=layers, intermediate_size=2 * hidden,
-        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=vocab))
+    model = llama.Model(
+        llama.ModelArgs(
+            model_type="llama",
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            intermediate_size=2 * hidden,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            vocab_size=vocab,
+        )
+    )
     mx.eval(model.parameters())
     return model
 
@@ -142,8 +153,6 @@ class Blocks(nn.Module):
 def readme_step(model, loss_fn, optimizer):
     """The README's own loop: ``loss_fn`` and ``nv.update`` compiled with ``nv.compile``, the model,
     optimizer and random key its state; ``run(x)`` runs it and evaluates it with ``nv.eval``."""
-    import nuvec_mlx as nv
-
     state = [model.state, optimizer.state, mx.random.state]
 
     @nv.compile(inputs=state, outputs=state)

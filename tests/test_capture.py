@@ -44,9 +44,9 @@ def _uses_global(x):
 _GLOBAL_MODULE = nn.Linear(2, 2)
 
 ROUTES = {
-    "closure cell": lambda m: (lambda x: m(x)),
-    "default": lambda m: (lambda x, m=m: m(x)),
-    "keyword-only default": lambda m: (lambda x, *, m=m: m(x)),
+    "closure cell": lambda m: lambda x: m(x),
+    "default": lambda m: lambda x, m=m: m(x),
+    "keyword-only default": lambda m: lambda x, *, m=m: m(x),
     "partial argument": lambda m: functools.partial(lambda m, x: m(x), m),
     "partial keyword": lambda m: functools.partial(lambda x, m: m(x), m=m),
     "nested partial": lambda m: functools.partial(functools.partial(lambda m, x: m(x), m)),

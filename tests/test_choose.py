@@ -26,13 +26,20 @@ def every_choice(options, outputs):
 
 option = st.builds(
     lambda keeps, forward, backward, cost, has_backward: (keeps, forward, backward if has_backward else None, cost),
-    st.integers(0, 300), st.integers(0, 300), st.integers(0, 600), st.integers(0, 20), st.booleans())
+    st.integers(0, 300),
+    st.integers(0, 300),
+    st.integers(0, 600),
+    st.integers(0, 20),
+    st.booleans(),
+)
 instance = st.lists(st.lists(option, min_size=1, max_size=3), min_size=1, max_size=5)
 
 
 def build(raw):
-    return [[Option(f"m{k}", keeps, fwd, bwd, float(cost)) for k, (keeps, fwd, bwd, cost) in enumerate(block)]
-            for block in raw]
+    return [
+        [Option(f"m{k}", keeps, fwd, bwd, float(cost)) for k, (keeps, fwd, bwd, cost) in enumerate(block)]
+        for block in raw
+    ]
 
 
 @settings(max_examples=200)

@@ -13,7 +13,7 @@ import pytest
 
 import nuvec_mlx as nv
 from nuvec_mlx.mlx_lm import plan as command
-from tests.helpers import data_folder, model_folder
+from tests.mlx_lm_folders import data_folder, model_folder
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

@@ -45,12 +45,16 @@ def test_a_compiled_step_and_what_its_function_captures_go_with_its_last_referen
     gc.disable()  # freed by reference counting alone, not by a collection that happens to run
     try:
         before = nv.memory.stats().active
-        big = mx.ones((1 << 20,))  # 4 MiB captured by the step's function
-        mx.eval(big)
-        step = nv.compile(lambda x: x + big)
-        mx.eval(step(mx.ones((1 << 20,))))
-        assert step.traces == 1
-        del big, step
+
+        def run():
+            """A compiled step and the 4 MiB its function captures, made here: gone when this returns."""
+            big = mx.ones((1 << 20,))
+            mx.eval(big)
+            step = nv.compile(lambda x: x + big)
+            mx.eval(step(mx.ones((1 << 20,))))
+            return step.traces
+
+        assert run() == 1
         assert nv.memory.stats().active - before < 4096, "the step and its capture outlived their last reference"
     finally:
         gc.enable()

@@ -34,13 +34,14 @@ def test_gradients_jvps_vmaps_and_their_compositions_equal_those_without_the_dep
     x, d = mx.array([0.3, -1.2, 2.0]), mx.array([1.5, 0.5])
     v = mx.array([1.0, 2.0, -1.0])
     batch = mx.stack([x, 2 * x, -x])
-    results = []
-    for f in (_f, _plain):
-        results.append([
+
+    def transformed(f):
+        return [
             *mx.grad(f, argnums=[0, 1])(x, d),
             mx.jvp(lambda x: f(x, d), [x], [v])[1][0],
             mx.vmap(f, in_axes=(0, None))(batch, d),
             mx.vmap(mx.grad(f), in_axes=(0, None))(batch, d),
             mx.jvp(lambda x: mx.grad(f)(x, d), [x], [v])[1][0],
-        ])
-    assert_close(results[0], results[1])
+        ]
+
+    assert_close(transformed(_f), transformed(_plain))

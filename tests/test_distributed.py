@@ -21,7 +21,8 @@ import mlx.core as mx
 import pytest
 
 import nuvec_mlx as nv
-from tests.helpers import assert_close, data_folder, model_folder
+from tests.helpers import assert_close
+from tests.mlx_lm_folders import data_folder, model_folder
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

@@ -1,4 +1,5 @@
 import mlx.core as mx
+import pytest
 
 import nuvec_mlx as nv
 
@@ -8,6 +9,7 @@ def block(xs):
     return [h + mx.tanh(h @ w)]
 
 
+@pytest.mark.slow
 def test_a_thousand_compiled_checkpointed_steps_leak_no_memory_and_trace_once(compiled):
     ck = nv.checkpoint_flat(block)
 

@@ -14,7 +14,7 @@ from mlx_lm import lora
 import nuvec_mlx as nv
 from nuvec_mlx import mlx_lm as nvlm
 from nuvec_mlx.mlx_lm import plan as plan_command
-from tests.helpers import data_folder, model_folder
+from tests.mlx_lm_folders import data_folder, model_folder
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 REPORT = re.compile(r"^\s+(\d+)\s+([0-9.]+) [▼▲]", re.M)

@@ -1,7 +1,7 @@
 """nuvec_mlx.mlx_lm: ``nuvec-mlx-lora`` trains as ``mlx_lm.lora`` does, every block checkpointed.
 
 The models are mlx-lm architectures with random weights, written to folders in
-mlx-lm's on-disk format (tests/helpers.py), with a tiny word-level tokenizer
+mlx-lm's on-disk format (tests/mlx_lm_folders.py), with a tiny word-level tokenizer
 and JSONL dataset. The architecture matrix runs eagerly (``mx.compile``
 disabled for both commands): compiling costs about 30 s of g++ per
 architecture on a cold kernel cache, and the checkpoints' values do not depend
@@ -28,18 +28,23 @@ from mlx_lm.utils import load
 
 import nuvec_mlx as nv
 from nuvec_mlx import evaluate
-from nuvec_mlx.mlx_lm import _report as _train_report
 from nuvec_mlx import mlx_lm as nvlm
+from nuvec_mlx.mlx_lm import _report as _train_report
 from nuvec_mlx_bench import measure
 from nuvec_mlx_bench.train_steps import Case, TrainWorkload
-from tests.helpers import data_folder, model_folder
+from tests.mlx_lm_folders import data_folder, model_folder
 
 #: Architecture -> what its tiny model needs: MLX's CPU GatherMM (the experts of an
 #: unquantized MoE) runs float32 only, and qwen3_moe's router quantizes in groups of 64;
 #: gemma4_text's third block reads the first one's keys and values.
 ARCHS = {
-    "llama": {}, "qwen3": {}, "gemma3_text": {}, "phi3": {},
-    "qwen3_moe": {"hidden": 64}, "gemma4_text": {"layers": 3}, "olmo_hybrid": {},
+    "llama": {},
+    "qwen3": {},
+    "gemma3_text": {},
+    "phi3": {},
+    "qwen3_moe": {"hidden": 64},
+    "gemma4_text": {"layers": 3},
+    "olmo_hybrid": {},
 }
 MODES = ("full", "lora", "qlora")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -70,16 +75,40 @@ def folders(tmp_path_factory):
 
 
 def lora_args(model: Path, data: Path, adapters: Path, mode: str, *extra: str) -> list[str]:
-    return ["--model", str(model), "--train", "--data", str(data), "--adapter-path", str(adapters),
-            "--fine-tune-type", "full" if mode == "full" else "lora", "--num-layers", "-1",
-            "--iters", "5", "--batch-size", "2", "--steps-per-report", "1", "--val-batches", "1",
-            "--learning-rate", "1e-3", "--seed", "0", *extra]
+    return [
+        "--model",
+        str(model),
+        "--train",
+        "--data",
+        str(data),
+        "--adapter-path",
+        str(adapters),
+        "--fine-tune-type",
+        "full" if mode == "full" else "lora",
+        "--num-layers",
+        "-1",
+        "--iters",
+        "5",
+        "--batch-size",
+        "2",
+        "--steps-per-report",
+        "1",
+        "--val-batches",
+        "1",
+        "--learning-rate",
+        "1e-3",
+        "--seed",
+        "0",
+        *extra,
+    ]
 
 
 def reports(text: str) -> list[tuple]:
     """The report lines: (iteration, loss as printed, peak as printed or None)."""
-    return [(int(it), loss, f"{peak} {unit}" if peak else None)
-            for it, loss, peak, unit in REPORT.findall(ANSI.sub("", text))]
+    return [
+        (int(it), loss, f"{peak} {unit}" if peak else None)
+        for it, loss, peak, unit in REPORT.findall(ANSI.sub("", text))
+    ]
 
 
 def run_mlx_lm_lora(argv: list[str], monkeypatch, capsys) -> list[tuple]:
@@ -100,8 +129,9 @@ def assert_same_adapters(a: Path, b: Path) -> None:
         assert wa[k].dtype == wb[k].dtype and mx.array_equal(wa[k], wb[k]).item(), k
 
 
-def assert_trains_as_mlx_lm_lora(model: Path, data: Path, out: Path, mode: str, monkeypatch, capsys, *extra: str,
-                                 accumulation: int = 1):
+def assert_trains_as_mlx_lm_lora(
+    model: Path, data: Path, out: Path, mode: str, monkeypatch, capsys, *extra: str, accumulation: int = 1
+):
     """nuvec-mlx-lora --grad-checkpoint prints mlx_lm.lora's losses (unchecked) and saves its adapters,
     every block of every class a stage of every step: forward, then backward, each followed by the
     update of the block's parameters on the steps that update (every ``accumulation``-th); the loss
@@ -121,20 +151,39 @@ def assert_trains_as_mlx_lm_lora(model: Path, data: Path, out: Path, mode: str, 
         assert kinds == ["forward"] * blocks + ["chunk", "chunk"] + backward * blocks + ["outputs"], s
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("arch", ARCHS)
-def test_training_with_every_block_checkpointed_equals_mlx_lm_lora(arch, mode, folders, data, tmp_path,
-                                                                    eager, monkeypatch, capsys):
+#: Every architecture in every mode; the developer loop (``-m "not slow"``) runs llama with LoRA only.
+MATRIX = [
+    pytest.param(arch, mode, id=f"{arch}-{mode}", marks=() if (arch, mode) == ("llama", "lora") else pytest.mark.slow)
+    for mode in MODES
+    for arch in ARCHS
+]
+
+
+@pytest.mark.parametrize("arch, mode", MATRIX)
+def test_training_with_every_block_checkpointed_equals_mlx_lm_lora(
+    arch, mode, folders, data, tmp_path, eager, monkeypatch, capsys
+):
     assert_trains_as_mlx_lm_lora(folders(arch, mode), data, tmp_path, mode, monkeypatch, capsys)
 
 
 def test_gradient_accumulation_equals_mlx_lm_lora(folders, data, tmp_path, eager, monkeypatch, capsys):
-    assert_trains_as_mlx_lm_lora(folders("llama", "lora"), data, tmp_path, "lora", monkeypatch, capsys,
-                                 "--grad-accumulation-steps", "2", accumulation=2)
+    assert_trains_as_mlx_lm_lora(
+        folders("llama", "lora"),
+        data,
+        tmp_path,
+        "lora",
+        monkeypatch,
+        capsys,
+        "--grad-accumulation-steps",
+        "2",
+        accumulation=2,
+    )
 
 
+@pytest.mark.slow
 def test_the_command_trains_compiled_as_mlx_lm_lora_with_dropout_and_mlx_lm_loads_its_adapters(
-        compiled, folders, data, tmp_path):
+    compiled, folders, data, tmp_path
+):
     """The installed command, compiled, a config file with LoRA dropout: mx.checkpoint would redraw the masks."""
     model = folders("llama", "lora")
     config = tmp_path / "lora.yaml"
@@ -199,8 +248,9 @@ def aheads_seen(monkeypatch) -> list:
 
 
 @pytest.mark.parametrize("ahead, expected", [(None, 3), (0, 0)], ids=["device default", "given"])
-def test_train_queues_the_device_default_or_the_given_stages_ahead(folders, data, tmp_path, eager, monkeypatch,
-                                                                     ahead, expected):
+def test_train_queues_the_device_default_or_the_given_stages_ahead(
+    folders, data, tmp_path, eager, monkeypatch, ahead, expected
+):
     model, args, train_set, _ = lora_model(folders("llama", "lora"), data)
     args.adapter_file = str(tmp_path / "adapters.safetensors")
     monkeypatch.setattr(evaluate, "default_ahead", lambda device=None: 3)
@@ -210,8 +260,9 @@ def test_train_queues_the_device_default_or_the_given_stages_ahead(folders, data
 
 
 @pytest.mark.parametrize("where", ["flag", "config file"])
-def test_the_command_takes_stages_ahead_as_a_flag_or_from_a_config_file(folders, data, tmp_path, eager, monkeypatch,
-                                                                        capsys, where):
+def test_the_command_takes_stages_ahead_as_a_flag_or_from_a_config_file(
+    folders, data, tmp_path, eager, monkeypatch, capsys, where
+):
     argv = lora_args(folders("llama", "lora"), data, tmp_path / "adapters", "lora", "--grad-checkpoint")
     if where == "flag":
         argv += ["--stages-ahead", "2"]
@@ -241,6 +292,7 @@ def test_report_line_is_mlx_lm_s_with_the_peak_at_its_end(capsys):
     assert reports(capsys.readouterr().out) == [(1, "2.500", "1.234 GB"), (2, "2.750", "45.6 MB")]
 
 
+@pytest.mark.slow
 def test_with_lora_dropout_nuvec_peaks_below_mlx_lm_s_checkpoint_in_either_trainer(compiled):
     """The replayed dropout key waits for the cotangents: nuvec's masks live no longer than mlx-lm's.
 
@@ -251,8 +303,11 @@ def test_with_lora_dropout_nuvec_peaks_below_mlx_lm_s_checkpoint_in_either_train
     """
     w = TrainWorkload("llama", 64, 4, batch=2, seq=128, vocab=256, mode="lora", lora_dropout=0.1)
     cases = {s: Case(w, s) for s in ("mlx-lm", "nuvec-mx-eval", "nuvec")}
-    measured = measure.run_cases({s: (lambda c=c: c.step(c.batch(128)), c.evaluate) for s, c in cases.items()},
-                                 repeats=3, desc="LoRA dropout peaks")
+    measured = measure.run_cases(
+        {s: (lambda c=c: c.step(c.batch(128)), c.evaluate) for s, c in cases.items()},
+        repeats=3,
+        desc="LoRA dropout peaks",
+    )
     peak = {s: m["peak"]["median"] for s, m in measured.items()}
     assert peak["nuvec-mx-eval"] <= 0.88 * peak["mlx-lm"], peak
     assert peak["nuvec"] <= 0.56 * peak["mlx-lm"], peak

@@ -1,6 +1,16 @@
-"""nv.plan: the measured peak meets every budget from the plan's smallest to the unchecked peak."""
+"""nv.plan and nv.Planner: the measured peak meets every budget from the smallest to the unchecked peak;
+a Plan is a record (no batch or model held, policies told apart by identity, applied and saved as data).
 
+The planners are shared: each case is measured once per module (the ``case`` fixture), and every
+test of that case takes its plans from its planner. A budget counts everything the process holds, so
+one case lives at a time (pytest runs a module fixture's tests param by param), and a test that
+changes the model puts it back.
+"""
+
+import dataclasses
+import gc
 import json
+import weakref
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -9,8 +19,9 @@ import pytest
 from mlx.utils import tree_flatten
 
 import nuvec_mlx as nv
+from nuvec_mlx import evaluate
 from nuvec_mlx.planner.plan import EVERY_2ND
-from tests.helpers import assert_close, held_while_unobserved, tiny_llama
+from tests.helpers import Blocks, assert_close, held_while_unobserved, mean_square, tiny_llama
 
 
 def llama_case():
@@ -20,206 +31,329 @@ def llama_case():
     return model, lambda m, x: nn.losses.cross_entropy(m(x[:, :-1]), x[:, 1:]).mean(), x, optim.Adam(1e-3)
 
 
-def bench_case(model_name):
+def bench_case(workload):
     from nuvec_mlx_bench import modules
-    from nuvec_mlx_bench.workload import Workload
 
-    w = (Workload("mlp", batch=256, dim=64, blocks=6) if model_name == "mlp"
-         else Workload("transformer", batch=2, dim=64, blocks=4, seq=128))
-    model, x = modules.build(w)
+    model, x = modules.build(workload)
     return model, modules.loss, x, None
 
 
-def weight_heavy_case():
-    """The benchmark's MLP on a small batch, every weight trained: its weights outweigh its activations."""
-    from nuvec_mlx_bench import modules
+def mlp():
     from nuvec_mlx_bench.workload import Workload
 
-    model, x = modules.build(Workload("mlp", batch=16, dim=128, blocks=6, weight_grads=True))
-    return model, modules.loss, x
+    return Workload("mlp", batch=256, dim=64, blocks=6)
 
 
-CASES = {"mlp": lambda: bench_case("mlp"), "transformer": lambda: bench_case("transformer"), "llama": llama_case}
+def transformer():
+    from nuvec_mlx_bench.workload import Workload
+
+    return Workload("transformer", batch=2, dim=64, blocks=4, seq=128)
 
 
-@pytest.fixture(scope="module", params=list(CASES))
-def planned(request):
-    """A model and the plan for an unbounded budget (its measurements serve every replan)."""
-    model, loss_fn, x, opt = CASES[request.param]()
-    return model, loss_fn, x, opt, nv.plan(model, loss_fn, x, budget=1 << 40, optimizer=opt, progress=False)
+def weight_heavy_case():
+    """The benchmark's MLP on a small batch, every weight trained with Adam: its weights outweigh its activations."""
+    from nuvec_mlx_bench.workload import Workload
+
+    model, loss_fn, x, _ = bench_case(Workload("mlp", batch=16, dim=128, blocks=6, weight_grads=True))
+    return model, loss_fn, x, optim.Adam(1e-3)
 
 
-def test_every_budget_from_the_smallest_to_unchecked_is_met_as_predicted(planned, compiled):
-    model, _, _, _, first = planned
-    layers = getattr(model, "layers", None) or model.model.layers
-    before = [type(b) for b in layers], [(k, v.tolist()) for k, v in tree_flatten(model.parameters())]
+CASES = {
+    "mlp": lambda: bench_case(mlp()),
+    "transformer": lambda: bench_case(transformer()),
+    "llama": llama_case,
+    "weight-heavy": weight_heavy_case,
+}
+#: The cases every budget is checked on.
+SWEPT = ["mlp", "transformer", "llama"]
+
+
+@dataclasses.dataclass
+class Case:
+    """A case's model, batch and step, its planner, and its plan for an unbounded budget."""
+
+    model: nn.Module
+    batch: mx.array
+    step: nv.TrainingStep
+    planner: nv.Planner
+    first: nv.Plan
+
+    @property
+    def blocks(self):
+        return getattr(self.model, "layers", None) or self.model.model.layers
+
+
+@pytest.fixture(scope="module")
+def case(request, compiled):
+    """The case ``request.param`` names, measured, for the tests of this module that take it
+    (``@pytest.mark.parametrize("case", [...], indirect=True)``); gone before the next case is made."""
+    model, loss_fn, x, optimizer = CASES[request.param]()
+    step = nv.TrainingStep(model, loss_fn, optimizer)
+    planner = nv.Planner(step, x, progress=False)
+    yield Case(model, x, step, planner, planner.plan(1 << 40))
+    del model, x, step, planner
+    gc.collect()
+
+
+def of(*names):
+    """The test takes the ``case`` fixture for each of ``names``; slow, as measuring a case is."""
+
+    def marked(test):
+        return pytest.mark.slow(pytest.mark.parametrize("case", names, indirect=True)(test))
+
+    return marked
+
+
+def parameters(model):
+    return [(k, v.tolist()) for k, v in tree_flatten(model.parameters())]
+
+
+@of(*SWEPT)
+def test_every_budget_from_the_smallest_to_unchecked_is_met_as_predicted(case):
+    first, planner = case.first, case.planner
+    before = [type(b) for b in case.blocks], parameters(case.model)
     assert first.smallest < first.unchecked
     for k in range(4):
         budget = int(first.smallest + k * (first.unchecked - first.smallest) / 3)
-        plan = first.replan(budget)
+        plan = planner.plan(budget)
         assert plan.fits and plan.measured <= budget, str(plan)
         assert abs(plan.measured / plan.predicted - 1) <= 0.10, str(plan)
-    after = [type(b) for b in layers], [(k, v.tolist()) for k, v in tree_flatten(model.parameters())]
-    assert after == before, "planning changed the model"
+    assert ([type(b) for b in case.blocks], parameters(case.model)) == before, "planning changed the model"
 
 
-def test_a_weight_heavy_step_s_update_stages_are_in_its_prediction(compiled):
+@of("weight-heavy")
+def test_a_weight_heavy_step_s_update_stages_are_in_its_prediction(case):
     """With Adam on a small batch each block's update stage (nv.update) peaks above its backward stage:
     predicted as the block's own, the smallest peak is met (counted from backward stages alone, it is
     under-predicted by 1.4% and its budget missed)."""
-    model, loss_fn, x = weight_heavy_case()
-    first = nv.plan(model, loss_fn, x, budget=1 << 40, optimizer=optim.Adam(1e-3), progress=False)
-    stages = next(iter(first._planner.profiles.values())).readings[0].stages
-    assert [r.kind for r in stages].count("update") == 6  # the step measured updates as nv.update does
+    # White-box (the planner's profile). The public way, a timeline around the planner, is broken by a
+    # library bug: a timeline inside another reads peaks of 0 (tests/test_timeline.py), and the planner
+    # measures in one.
+    profile = case.planner.profiles["save_nothing"]  # every block checkpointed, measured
+    kinds = [r.kind for r in profile.readings[0].stages]
+    assert kinds.count("update") == kinds.count("forward") == 6  # as nv.update runs: a stage per block
+    first = case.first
     for k in range(3):
         budget = int(first.smallest + k * (first.unchecked - first.smallest) / 2)
-        plan = first.replan(budget)
+        plan = case.planner.plan(budget)
         assert plan.fits and plan.measured <= budget, str(plan)
         assert abs(plan.measured / plan.predicted - 1) <= 0.10, str(plan)
 
 
-def test_the_trial_measures_the_users_nv_update_step_not_its_own_undo(compiled):
+@of("weight-heavy")
+def test_the_trial_measures_the_users_nv_update_step_not_its_own_undo(case):
     """Planning keeps the weights and moments from before each trial step, to put them back; the step
     it measures consumes copies, as the user's step consumes the originals. Kept alive by the undo, the
     old weights and moments add to the peak as each block's update replaces them (6.8 MiB too high here,
     with the copies taken out)."""
-    model, loss_fn, x = weight_heavy_case()
-    opt = optim.Adam(1e-3)
-    least = nv.plan(model, loss_fn, x, budget=1, optimizer=opt, progress=False).apply()  # the smallest plan
-    opt.init(model.trainable_parameters())
-    state = [model.state, opt.state, mx.random.state]
-    mx.eval(state)
-
-    @nv.compile(inputs=state, outputs=state)
-    def step(x):
-        loss, grads = nv.value_and_grad(model, loss_fn)(model, x)
-        nv.update(opt, model, grads)
-        return loss
-
-    nv.eval(step(x), state)
-    with nv.memory.measure() as m:
-        nv.eval(step(x), state)
+    least = case.planner.plan(1).apply()  # the smallest plan
+    try:
+        case.step(case.batch)
+        with nv.memory.measure() as m:
+            case.step(case.batch)
+    finally:
+        nv.checkpoint_layers(case.model, enable=False)
     assert not least.fits and abs(least.start - m.start) <= 64 << 10, (least.start, m.start)
-    assert abs(least.measured - (m.start + m.peak)) <= 256 << 10, (least.measured, m.start + m.peak)
+    assert abs(least.measured - (m.start + m.rise)) <= 256 << 10, (least.measured, m.start + m.rise)
 
 
-def test_a_budget_below_the_smallest_reachable_peak_is_refused_with_that_peak(planned, compiled):
-    *_, first = planned
-    plan = first.replan(int(0.8 * first.smallest))
+@of("mlp")
+def test_a_budget_counts_everything_the_process_holds(case):
+    """A budget is absolute (a throttle, in nv.eval, is relative): memory the process held beside the
+    step counts, so a budget that fitted does not once as much is held elsewhere."""
+    budget = int((case.first.smallest + case.first.unchecked) / 2)
+    assert case.planner.plan(budget).fits
+    ballast = mx.zeros((budget // 4,))
+    mx.eval(ballast)
+    plan = nv.Planner(case.step, case.batch, progress=False).plan(budget)  # measured with the ballast held
+    del ballast
+    assert plan.start >= case.first.start + budget - (64 << 10), (plan.start, case.first.start)
+    assert not plan.fits and plan.measured > budget, str(plan)
+
+
+@of(*SWEPT)
+def test_a_budget_below_the_smallest_reachable_peak_is_refused_with_that_peak(case):
+    plan = case.planner.plan(int(0.8 * case.first.smallest))
     assert not plan.fits and plan.measured > plan.budget
-    assert plan.measured <= 1.1 * first.smallest
+    assert plan.measured <= 1.1 * case.first.smallest
     assert "DOES NOT FIT" in str(plan) and "no plan fits" in str(plan)
 
 
-def test_apply_checkpoints_the_blocks_as_planned_with_the_unchecked_gradients(compiled):
-    model, loss_fn, x, _ = bench_case("transformer")
-    reference = nv.value_and_grad(model, loss_fn)(model, x)[1]
+@of("transformer")
+def test_apply_checkpoints_the_blocks_as_planned_with_the_unchecked_gradients(case):
+    model, loss_fn = case.model, case.step.loss_fn
+    reference = nv.value_and_grad(model, loss_fn)(model, case.batch)[1]
     mx.eval(reference)
-    first = nv.plan(model, loss_fn, x, budget=1 << 40, progress=False)
-    plan = first.replan(int((first.smallest + first.unchecked) / 2))
+    plan = case.planner.plan(int((case.first.smallest + case.first.unchecked) / 2))
     assert not any(nv.is_checkpointed(b) for b in model.layers)
-    plan.apply()
-    assert [nv.is_checkpointed(b) for b in model.layers] == [m != "plain" for m in plan.modes]
-    assert {"plain", "save_matmuls", "save_nothing", "save_everything"} >= set(plan.modes)
-    grads = nv.value_and_grad(model, loss_fn)(model, x)[1]
-    nv.eval(grads)
+    try:
+        assert plan.apply() is plan
+        assert [nv.is_checkpointed(b) for b in model.layers] == [m != "plain" for m in plan.modes]
+        assert {"plain", "save_matmuls", "save_nothing", "save_everything"} >= set(plan.modes)
+        grads = nv.value_and_grad(model, loss_fn)(model, case.batch)[1]
+        nv.eval(grads)
+    finally:
+        nv.checkpoint_layers(model, enable=False)
     assert_close([v for _, v in tree_flatten(grads)], [v for _, v in tree_flatten(reference)], 1e-5)
 
 
+@pytest.mark.slow
 def test_planning_leaves_the_optimizer_and_the_random_key_as_they_were(compiled):
-    model, loss_fn, x, _ = bench_case("mlp")
+    model, loss_fn, x, _ = CASES["mlp"]()
     opt = optim.AdamW(1e-2)
+    planner = nv.Planner(nv.TrainingStep(model, loss_fn, opt), x, progress=False)
     key = mx.random.state[0].tolist()
-    for init in (False, True):  # a fresh optimizer stays uninitialised; an initialised one keeps its state
+    for init in (False, True):  # measuring, with a fresh optimizer; verifying, with an initialised one
         if init:
             opt.init(model.trainable_parameters())
         held = [(k, v.tolist()) for k, v in tree_flatten(opt.state)]
         state = opt.state
-        nv.plan(model, loss_fn, x, budget=1 << 40, optimizer=opt, progress=False)
+        planner.plan(1 << 40)
         assert opt.state is state  # a step compiled with it before planning still updates it
         assert [(k, v.tolist()) for k, v in tree_flatten(opt.state)] == held
         assert mx.random.state[0].tolist() == key
     assert len(held) > 3
 
 
-def test_a_plan_prints_as_a_table_and_writes_json(planned, tmp_path):
-    model, *_, first = planned
+@of(*SWEPT)
+def test_a_plan_prints_as_a_table_and_writes_json(case, tmp_path):
+    first = case.first
     text = str(first)
     assert text.startswith("nv.plan for a budget of") and "keeps MiB" in text
-    layers = getattr(model, "layers", None) or model.model.layers
-    assert sum(line.strip().split()[0].isdigit() for line in text.splitlines()[4:]) == len(layers)
+    assert sum(line.strip().split()[0].isdigit() for line in text.splitlines()[4:]) == len(case.blocks)
     data = json.loads(first.save_json(tmp_path / "plan.json").read_text())
-    assert data["fits"] and len(data["blocks"]) == len(layers) and data["measured"] == first.measured
+    assert data["fits"] and len(data["blocks"]) == len(case.blocks) and data["measured"] == first.measured
 
 
-def test_a_measured_miss_is_corrected_and_shown(compiled):
-    model, loss_fn, x, _ = bench_case("mlp")
-    first = nv.plan(model, loss_fn, x, budget=1 << 40, progress=False)
-    budget = int((first.smallest + first.unchecked) / 2)
-    for profile in first._planner.profiles.values():  # a model that under-predicts every stage
-        profile.keeps = [k // 4 for k in profile.keeps]
-        profile.backward = [None if b is None else b // 4 for b in profile.backward]
-    plan = first.replan(budget)
-    assert plan.corrections and all(measured > budget for _, _, measured in plan.corrections)
-    assert plan.fits and plan.measured <= budget
-    assert "correction: predicted" in str(plan)
-
-
-def test_the_smallest_reachable_peak_is_the_least_plans_as_its_step_runs(monkeypatch, compiled):
-    model, loss_fn, x, _ = bench_case("mlp")
-    observed = nv.plan(model, loss_fn, x, budget=1 << 40, progress=False)
+@of("mlp")
+def test_the_smallest_reachable_peak_is_the_least_plans_as_its_step_runs(monkeypatch, case):
     extra = 2 << 20
     held_while_unobserved(monkeypatch, extra)
-    plan = nv.plan(model, loss_fn, x, budget=1 << 40, progress=False)
-    assert plan.smallest >= observed.smallest + extra // 2, (plan.smallest, observed.smallest)
+    plan = nv.Planner(case.step, case.batch, progress=False).plan(1 << 40)  # measured anew, held as run
+    assert plan.smallest >= case.first.smallest + extra // 2, (plan.smallest, case.first.smallest)
     assert "smallest reachable" in str(plan)
 
 
-def test_a_plan_is_verified_as_its_step_runs_unobserved(monkeypatch, compiled):
-    model, loss_fn, x, _ = bench_case("mlp")
-    first = nv.plan(model, loss_fn, x, budget=1 << 40, progress=False)
+@of("mlp")
+def test_a_plan_that_misses_as_its_step_runs_unobserved_is_corrected_and_shown(monkeypatch, case):
+    budget = int((case.first.smallest + case.first.unchecked) / 2)
+    # Mixes only. White-box: whether a fixed rule is taken instead depends on wall-clock times of
+    # steps, which a busy machine does not repeat; no public setting leaves the rules out.
+    monkeypatch.setattr(case.planner, "rules", {})
+    observed = case.planner.plan(budget)
     extra = 2 << 20
-    budget = int((first.smallest + first.unchecked) / 2)
-    first._planner.rules.clear()  # mixes only: a fixed rule measured faster may be taken at either replan
-    observed = first.replan(budget)
     held_while_unobserved(monkeypatch, extra)
-    plan = first.replan(budget)
+    plan = case.planner.plan(budget)
     # The choice that fitted as observed misses as run: the planner corrects it, and still fits.
     assert observed.fits and not observed.corrections, str(observed)
     assert plan.corrections and plan.corrections[0][0] == observed.modes, str(plan)
     assert plan.corrections[0][2] >= observed.measured + extra - (256 << 10), str(plan)
     assert plan.fits and plan.measured <= budget, str(plan)
+    assert "correction: predicted" in str(plan)
 
 
-def test_a_fixed_rule_that_fits_and_ran_faster_is_taken_instead_of_the_mix(compiled):
-    model, loss_fn, x, _ = bench_case("mlp")
-    first = nv.plan(model, loss_fn, x, budget=1 << 40, progress=False)
-    modes, readings = first._planner.rules[EVERY_2ND]
+@of("mlp")
+def test_a_fixed_rule_that_fits_and_ran_faster_is_taken_instead_of_the_mix(monkeypatch, case):
+    planner = case.planner
+    modes, readings = planner.rules[EVERY_2ND]
     assert modes.count("plain") == len(modes) // 2
     fits = max(r.peak for r in readings) + (1 << 20)
-    assert fits < first.unchecked
-    first._planner.rule_seconds[EVERY_2ND] = 1e-9  # as if far faster than any mix
-    plan = first.replan(fits)
+    assert fits < case.first.unchecked
+    # White-box: as if far faster than any mix (which rule runs faster is a wall-clock time, not repeatable).
+    monkeypatch.setitem(planner.rule_seconds, EVERY_2ND, 1e-9)
+    plan = planner.plan(fits)
     assert plan.rule == EVERY_2ND and list(plan.modes) == list(modes), str(plan)
     assert plan.fits and plan.measured <= fits and abs(plan.measured / plan.predicted - 1) <= 0.10, str(plan)
     assert "taken: the fixed rule every 2nd block" in str(plan)
     assert plan.mix_seconds > 0 and not plan.corrections
     # Below what the rule needs it is not taken, however fast, and the mix fits.
-    tight = first.replan(int(first.smallest + (max(r.peak for r in readings) - first.smallest) / 2))
+    tight = planner.plan(int(case.first.smallest + (max(r.peak for r in readings) - case.first.smallest) / 2))
     assert tight.rule != EVERY_2ND and tight.fits and tight.measured <= tight.budget, str(tight)
 
 
-def test_a_plan_asked_to_synchronize_is_verified_and_timed_so(monkeypatch, compiled):
-    from nuvec_mlx import evaluate
-
-    model, loss_fn, x, _ = bench_case("mlp")
+@of("mlp")
+def test_a_plan_of_a_step_that_synchronizes_is_verified_and_timed_so(monkeypatch, case):
     calls = []
     real = evaluate.staged
     monkeypatch.setattr(evaluate, "staged", lambda *a, **kw: calls.append(kw["synchronize"]) or real(*a, **kw))
-    budget = int(nv.plan(model, loss_fn, x, budget=1 << 40, progress=False).smallest * 1.5)
-    calls.clear()
-    plan = nv.plan(model, loss_fn, x, budget=budget, synchronize=True, progress=False)
+    budget = int(case.first.smallest * 1.5)
+    plan = nv.plan(case.step.replace(synchronize=True), case.batch, budget, progress=False)
     assert plan.fits and plan.synchronize and plan.to_dict()["synchronize"], str(plan)
     assert "synchronize=True" in str(plan)
     assert calls and all(calls), calls  # every step the planner ran was the user's step, synchronized
-    assert not nv.plan(model, loss_fn, x, budget=budget, progress=False).synchronize
+    assert not case.planner.plan(budget).synchronize
+
+
+@pytest.mark.slow
+def test_policies_that_print_alike_are_each_measured(compiled):
+    """Policies are told apart by identity: two lambdas (one ``__qualname__``) are two modes."""
+    model, loss_fn, x, _ = CASES["mlp"]()
+    seen = {"nothing": 0, "matmuls": 0}
+
+    def counting(name, keep):
+        return lambda v: seen.__setitem__(name, seen[name] + 1) or keep(v)
+
+    nothing = counting("nothing", lambda v: False)
+    matmuls = counting("matmuls", lambda v: v.kind == "matmul")
+    assert nothing.__qualname__ == matmuls.__qualname__
+    plan = nv.plan(nv.TrainingStep(model, loss_fn), x, 1, policies=[nothing, matmuls], progress=False)
+    assert seen["nothing"] > 0 and seen["matmuls"] > 0, seen  # both measured
+    assert set(plan.policies.values()) <= {nothing, matmuls} and len({*plan.modes} - {"plain"}) >= 1
+    assert {m.mode for m in plan.blocks} <= {"plain", *plan.policies}
+
+
+def test_a_plan_holds_neither_the_batch_nor_the_model(compiled):
+    mx.random.seed(0)
+    model, x = Blocks(2, 32), mx.random.normal((64, 32))
+    mx.eval(model.parameters(), x)
+    refs = weakref.ref(model), weakref.ref(x)
+    step = nv.TrainingStep(model, mean_square, optim.SGD(0.1))
+    plan = nv.plan(step, x, 1 << 40, progress=False)
+    del model, x, step
+    gc.collect()
+    assert [ref() for ref in refs] == [None, None], "the plan keeps the model or the batch alive"
+    with pytest.raises(ValueError, match="the blocks this plan was made for are gone"):
+        plan.apply()
+    assert plan.fits and str(plan)  # still a plan
+
+
+def kept_per_stage(model, x, loss_fn):
+    """The stages of one step of ``model`` and the memory each forward stage added (what a block keeps)."""
+    step = nv.TrainingStep(model, loss_fn)
+    step(x)
+    with nv.memory.measure() as m, nv.memory.timeline() as t:
+        step(x)
+    held = [m.start] + [r.active for r in t.readings if r.kind == "forward"]
+    return [(r.kind, r.block) for r in t.readings], [b - a for a, b in zip(held, held[1:])]
+
+
+@of("transformer")
+def test_a_plan_applies_to_its_model_or_another_and_comes_back_from_json(case, tmp_path):
+    modes = ["save_everything", "plain", "save_matmuls", "save_nothing"]  # every kind of mode, as data
+    policies = nv.policies
+    plan = dataclasses.replace(
+        case.first,
+        modes=modes,
+        blocks=[dataclasses.replace(b, mode=m) for b, m in zip(case.first.blocks, modes)],
+        policies={m: getattr(policies, m) for m in modes if m != "plain"},
+    )
+    try:
+        assert plan.apply() is plan
+        original = kept_per_stage(case.model, case.batch, case.step.loss_fn)
+    finally:
+        nv.checkpoint_layers(case.model, enable=False)
+    loaded = nv.Plan.load_json(plan.save_json(tmp_path / "plan.json"))
+    assert loaded.modes == modes and loaded.policies == plan.policies and loaded.blocks == plan.blocks
+    with pytest.raises(ValueError, match="pass plan.apply\\(model\\)"):
+        loaded.apply()  # a loaded plan has no blocks of its own
+    fresh, loss_fn, x, _ = CASES["transformer"]()
+    assert plan.apply(fresh) is plan  # another model than the plan's own: its blocks, found by name
+    assert [nv.is_checkpointed(b) for b in fresh.layers] == [m != "plain" for m in modes]
+    assert not any(nv.is_checkpointed(b) for b in case.model.layers)
+    nv.checkpoint_layers(fresh, enable=False)
+    assert loaded.apply(fresh) is loaded
+    assert [nv.is_checkpointed(b) for b in fresh.layers] == [m != "plain" for m in modes]
+    kinds, kept = kept_per_stage(fresh, x, loss_fn)
+    assert kinds == original[0] and len(kept) == 3  # the three checkpointed blocks' stages
+    assert all(abs(a - b) <= 4096 for a, b in zip(kept, original[1])), (kept, original[1])
+    assert kept[0] > kept[2]  # save_everything keeps more than save_nothing: the policies are told apart

@@ -22,6 +22,7 @@ derandomized) and ``dev`` (more, random), registered in ``tests/conftest.py``.
 
 import mlx.core as mx
 import mlx.nn as nn
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx.utils import tree_flatten
@@ -49,7 +50,8 @@ def graphs(draw):
         return draw(
             st.lists(
                 st.tuples(st.sampled_from(OPS), st.integers(0, n_w - 1)),
-                min_size=1, max_size=4,
+                min_size=1,
+                max_size=4,
             )
         )
 
@@ -66,8 +68,7 @@ def graphs(draw):
         )
     # Inputs: 0 = x, 1 = int32 mask, 2.. = weights. argnums: float inputs only.
     floats = [0] + [2 + i for i in range(n_w)]
-    argnums = draw(st.permutations(floats).flatmap(
-        lambda p: st.integers(1, len(p)).map(lambda k: p[:k])))
+    argnums = draw(st.permutations(floats).flatmap(lambda p: st.integers(1, len(p)).map(lambda k: p[:k])))
     seed = draw(st.integers(0, 2**16))
     return {"d": d, "b": b, "n_w": n_w, "blocks": blocks, "argnums": list(argnums), "seed": seed}
 
@@ -97,8 +98,10 @@ def build_loss(g, use_checkpoints):
     def make_block(spec):
         inner_fn = None
         if spec["inner"] is not None:
+
             def inner_fn(xs):
                 return [apply_ops(spec["inner"], xs[0], xs[2:], xs[1])]
+
             if use_checkpoints and spec["inner_checkpoint"]:
                 inner_fn = nv.checkpoint_flat(inner_fn)
 
@@ -150,10 +153,11 @@ def gradients(g, use_checkpoints, compile_step):
     if compile_step:
         step = nv.compile_flat(step)
     out = step(inputs(g))
-    mx.eval(out)
+    nv.eval(out)
     return out
 
 
+@pytest.mark.slow
 @given(g=graphs())
 def test_checkpointed_gradients_equal_plain_eager(g):
     assert_close(gradients(g, True, False), gradients(g, False, False))
@@ -187,7 +191,10 @@ def pytree_gradients(g, use_checkpoints, frozen):
     def block(spec, i):
         def fn(h, mask, weights, *, index):
             if spec["inner"] is not None:
-                inner = lambda h, mask, weights: {"h": apply_ops(spec["inner"], h, weights.ws, mask), "none": None}
+
+                def inner(h, mask, weights):
+                    return {"h": apply_ops(spec["inner"], h, weights.ws, mask), "none": None}
+
                 if use_checkpoints and spec["inner_checkpoint"]:
                     inner = nv.checkpoint(inner)
                 h = inner(h, mask, weights)["h"]

@@ -29,7 +29,10 @@ def test_residuals_are_what_the_backward_part_reads_from_the_forward_part():
     # tanh's vjp reads its input (x @ w), the product's the broadcast 2 (one float's buffer), the
     # matmul's x (an argument) and w (a weight: not listed).
     assert sorted((s.made_by, s.shape, s.nbytes) for s in saved) == [
-        ("Broadcast", (4, 16), 4), ("Matmul", (4, 16), 4 * 16 * 4), ("argument", (4, 8), 4 * 8 * 4)]
+        ("Broadcast", (4, 16), 4),
+        ("Matmul", (4, 16), 4 * 16 * 4),
+        ("argument", (4, 8), 4 * 8 * 4),
+    ]
 
 
 def test_views_share_their_source_buffer():
@@ -43,8 +46,11 @@ def test_views_share_their_source_buffer():
     # sin's and cos's vjps read their inputs: two views of x (one buffer, counted once); the
     # product's vjp reads both factors: views of the sin and cos outputs.
     assert sorted((s.made_by, s.view_of, s.shared) for s in saved) == [
-        ("Reshape", "Sin", False), ("Reshape", "argument", True), ("Transpose", "Cos", False),
-        ("Transpose", "argument", False)]
+        ("Reshape", "Sin", False),
+        ("Reshape", "argument", True),
+        ("Transpose", "Cos", False),
+        ("Transpose", "argument", False),
+    ]
     assert sum(s.nbytes for s in saved if not s.shared) == 3 * 4 * 8 * 4
 
 
@@ -58,9 +64,10 @@ def transformer():
     return w, model, x, modules.loss
 
 
+@pytest.mark.slow
 def test_the_report_matches_the_memory_each_block_keeps_between_its_stages(transformer, compiled):
     w, model, x, loss = transformer
-    report = nv.saved_activations(model, loss, x, policy=nv.policies.save_matmuls, measure=True)
+    report = nv.saved_activations(nv.TrainingStep(model, loss), x, policy=nv.policies.save_matmuls, measure=True)
     assert len(report.blocks) == 3
     for b in report.blocks:
         unchecked, checkpointed = b.total(b.unchecked), b.total(b.checkpointed)
@@ -76,7 +83,7 @@ def test_the_report_matches_the_memory_each_block_keeps_between_its_stages(trans
 def test_a_checkpointed_block_keeps_its_input_and_the_report_prints_and_writes_json(transformer, tmp_path):
     w, model, x, loss = transformer
     nv.checkpoint_layers(model)
-    report = nv.saved_activations(model, loss, x)
+    report = nv.saved_activations(nv.TrainingStep(model, loss), x)
     assert all(nv.is_checkpointed(b) for b in model.layers)
     nv.checkpoint_layers(model, enable=False)
     for b in report.blocks:
@@ -87,7 +94,8 @@ def test_a_checkpointed_block_keeps_its_input_and_the_report_prints_and_writes_j
     assert "Softmax" in text and "all blocks:" in text
     data = json.loads(report.save_json(tmp_path / "saved.json").read_text())
     assert data["policy"] == "save_nothing" and data["blocks"][0]["unchecked_bytes"] == report.blocks[0].total(
-        report.blocks[0].unchecked)
+        report.blocks[0].unchecked
+    )
 
 
 def test_a_block_that_cannot_be_exported_says_why():
@@ -101,6 +109,6 @@ def test_a_block_that_cannot_be_exported_says_why():
 
     model = nn.Module()
     model.layers = [Custom()]
-    report = nv.saved_activations(model, lambda m, x: m.layers[0](x).sum(), mx.ones((2, 4)))
+    report = nv.saved_activations(nv.TrainingStep(model, lambda m, x: m.layers[0](x).sum()), mx.ones((2, 4)))
     (b,) = report.blocks
     assert b.unchecked is None and "CustomTransforms" in b.error and "not listed" in str(report)

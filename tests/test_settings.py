@@ -1,4 +1,4 @@
-"""After an exception raised on purpose, MLX's settings and nuvec's budget are back."""
+"""After an exception raised on purpose, MLX's settings and nuvec's throttle are back."""
 
 import mlx.core as mx
 import pytest
@@ -12,7 +12,7 @@ def snapshot():
     device = mx.default_device()
     return {
         "limit": mx.get_memory_limit(),
-        "budget": nv.memory.current_budget(),
+        "throttle": nv.memory.current_throttle(),
         "device": device,
         "stream": mx.default_stream(device),
         "key": mx.random.state[0].tolist(),  # fails if the key is a dangling tracer
@@ -34,17 +34,17 @@ def test_exception_inside_eval_restores_settings(monkeypatch):
 
     monkeypatch.setattr(mx, "eval", eval_then_raise)
     with pytest.raises(Boom):
-        nv.eval([mx.ones((64,)) * 2], budget=0)
+        nv.eval([mx.ones((64,)) * 2], throttle=0)
     assert snapshot() == before
 
 
-def test_exception_inside_budget_context_restores_settings():
+def test_exception_inside_throttle_context_restores_settings():
     before = snapshot()
     with pytest.raises(Boom):
-        with nv.memory.budget(7):
-            assert nv.memory.current_budget() == 7
+        with nv.memory.throttle(7):
+            assert nv.memory.current_throttle() == 7
             nv.eval(mx.ones((8,)))
-            raise Boom("inside the budget")
+            raise Boom("inside the throttle")
     assert snapshot() == before
 
 
@@ -69,7 +69,7 @@ def test_exception_while_recomputing_in_backward_restores_settings(compile_step,
     def run(block):
         vg = nv.grad_flat(loss_of(block), 0)
         step = nv.compile_flat(vg) if compile_step else vg
-        with nv.memory.budget(3 * MiB):
+        with nv.memory.throttle(3 * MiB):
             return step([mx.ones((4,))])
 
     # Reference: the same forward pass, no exception: the key it leaves behind.
@@ -101,20 +101,20 @@ def test_failed_compiled_trace_leaves_the_random_key_usable(compiled):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("lazy_inputs", [False, True], ids=["evaluated inputs", "lazy inputs"])
-def test_zero_budget_completes_a_compiled_checkpointed_step(lazy_inputs, compiled):
+def test_zero_throttle_completes_a_compiled_checkpointed_step(lazy_inputs, compiled):
     ck = nv.checkpoint_flat(lambda xs: [xs[0] + mx.tanh(xs[0] @ xs[1])])
     grad = nv.compile_flat(nv.grad_flat(lambda xs: ck(ck(xs) + xs[1:])[0].sum(), [0, 1]))
     k = mx.random.split(mx.random.key(3), 2)
     xs = [mx.random.normal((64, 32), key=k[0]), mx.random.normal((32, 32), key=k[1]) * 0.1]
     expected = grad(xs)
-    mx.eval(expected)
+    nv.eval(expected)
     if not lazy_inputs:
         mx.eval(xs)
     else:
-        xs = [x * 1 for x in xs]  # unevaluated: even the inputs exceed the budget
+        xs = [x * 1 for x in xs]  # unevaluated: even the inputs exceed the throttle
     limit = mx.get_memory_limit()
     out = grad(xs)
-    nv.eval(out, budget=0)
+    nv.eval(out, throttle=0)
     assert mx.get_memory_limit() == limit
     for a, e in zip(out, expected):
         assert mx.array_equal(a, e).item()

@@ -1,6 +1,6 @@
 """The public API from several threads at once (MLX 0.32).
 
-MLX keeps the random key per thread, so does nuvec's budget (a contextvar);
+MLX keeps the random key per thread, so does nuvec's throttle (a contextvar);
 mx.set_memory_limit is process-wide, and nv.eval changes it under a lock.
 """
 
@@ -55,13 +55,13 @@ def equal(xs, ys):
 def test_eval_from_four_threads_gives_serial_values_and_restores_the_limit(compile_step, compiled):
     step = nv.compile_flat(grads) if compile_step else grads
     expected = {t: step(inputs(t)) for t in range(THREADS)}
-    mx.eval(expected)
+    nv.eval(expected)
     limit = mx.get_memory_limit()
 
     def work(t):
         for _ in range(20):
             out = step(inputs(t))
-            nv.eval(out, budget=1 << 12)
+            nv.eval(out, throttle=1 << 12)
         return out
 
     results = run_in_threads(work)
@@ -74,6 +74,7 @@ def test_eval_from_four_threads_gives_serial_values_and_restores_the_limit(compi
 
 def test_compiled_step_draws_from_the_calling_threads_key(compiled):
     step = nv.compile_flat(lambda xs: [xs[0] + mx.random.uniform(shape=(3,))])
+
     def draws(t, fn):
         mx.random.seed(200 + t)
         out = [fn([mx.zeros((3,))])[0] for _ in range(3)]
@@ -90,16 +91,16 @@ def test_compiled_step_draws_from_the_calling_threads_key(compiled):
         assert results[t] == eager[t], f"thread {t} drew from another key"
 
 
-def test_budget_is_per_thread():
-    default = nv.memory.current_budget()  # DEFAULT_BUDGET on CPU, inf on a GPU (CUDA, Metal)
+def test_throttle_is_per_thread():
+    default = nv.memory.current_throttle()  # DEFAULT_THROTTLE on CPU, inf on a GPU (CUDA, Metal)
     inside = threading.Barrier(THREADS)
 
     def work(t):
-        with nv.memory.budget(1000 + t):
-            inside.wait()  # every thread has set its own budget now
-            seen = nv.memory.current_budget()
+        with nv.memory.throttle(1000 + t):
+            inside.wait()  # every thread has set its own throttle now
+            seen = nv.memory.current_throttle()
             inside.wait()
-        return seen, nv.memory.current_budget()
+        return seen, nv.memory.current_throttle()
 
     results = run_in_threads(work)
     for t in range(THREADS):

@@ -2,7 +2,6 @@
 
 import json
 
-import mlx.core as mx
 import pytest
 
 import nuvec_mlx as nv
@@ -22,7 +21,11 @@ def test_a_timeline_reads_every_stage_and_names_the_blocks(compiled):
     with nv.memory.timeline() as t:
         nv.eval(sc.step(sc.inputs))
     assert [(r.kind, r.block) for r in t.readings] == [
-        *(("forward", b) for b in (1, 2, 3, 4)), *(("backward", b) for b in (4, 3, 2, 1)), ("outputs", None)]
+        *(("forward", b) for b in (1, 2, 3, 4)),
+        *(("backward", b) for b in (4, 3, 2, 1)),
+        ("outputs", None),
+    ]
+    assert all(type(r) is nv.memory.StageReading for r in t.readings)
     seconds = [r.seconds for r in t.readings]
     assert seconds == sorted(seconds) and all(r.peak >= r.active for r in t.readings)
     assert t.peak().kind == "backward" and "backward pass of block" in t.describe()
@@ -62,3 +65,16 @@ def test_plotting_leaves_the_matplotlib_backend_and_figures_alone(tmp_path, comp
         assert matplotlib.get_backend() == "svg" and plt.get_fignums() == figures
     finally:
         matplotlib.use(before)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="library: each timeline resets MLX's peak counter after its own reading, so "
+    "a timeline inside another reads peaks of 0 (and nv.plan inside a timeline plans from them)",
+)
+def test_a_timeline_inside_another_reads_the_same_peaks(compiled):
+    sc = checkpointed_step(blocks=3)
+    with nv.memory.timeline() as outer, nv.memory.timeline() as inner:
+        nv.eval(sc.step(sc.inputs))
+    assert all(r.peak >= r.active for r in inner.readings)
+    assert [(r.kind, r.peak) for r in inner.readings] == [(r.kind, r.peak) for r in outer.readings]

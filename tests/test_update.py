@@ -1,42 +1,14 @@
 """nv.update: an optimizer's update, each checkpointed block's part a stage right after its backward stage."""
 
 import mlx.core as mx
-import mlx.nn as nn
 import mlx.optimizers as optim
 import pytest
 from mlx.utils import tree_flatten
 
 import nuvec_mlx as nv
+from tests.helpers import Blocks, mean_square
 
 MiB = 1 << 20
-
-
-class Block(nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        self.linear = nn.Linear(dim, dim)
-
-    def __call__(self, x):
-        return x + mx.tanh(self.linear(x))
-
-
-class Model(nn.Module):
-    """Blocks whose weights outweigh their activations, as in fine-tuning with a small batch."""
-
-    def __init__(self, blocks: int, dim: int):
-        super().__init__()
-        self.head = nn.Linear(dim, dim)
-        self.layers = [Block(dim) for _ in range(blocks)]
-
-    def __call__(self, x):
-        x = self.head(x)
-        for block in self.layers:
-            x = block(x)
-        return x
-
-
-def loss_fn(model, x):
-    return (model(x) ** 2).mean()
 
 
 def training(update, blocks=4, dim=64, checkpointed=True, compiled=True, batch=8):
@@ -46,7 +18,7 @@ def training(update, blocks=4, dim=64, checkpointed=True, compiled=True, batch=8
     ``batch=2048`` they are a small part of them, as LoRA's adapters are.
     """
     mx.random.seed(0)
-    model = Model(blocks, dim)
+    model = Blocks(blocks, dim)
     if checkpointed:
         nv.checkpoint_layers(model)
     optimizer = optim.Adam(1e-2)
@@ -56,7 +28,7 @@ def training(update, blocks=4, dim=64, checkpointed=True, compiled=True, batch=8
     mx.eval(state, x)
 
     def step():
-        loss, grads = nv.value_and_grad(model, loss_fn)(model, x)
+        loss, grads = nv.value_and_grad(model, mean_square)(model, x)
         update(optimizer, model, grads)
         return loss
 
@@ -74,7 +46,10 @@ def test_each_blocks_update_is_a_stage_right_after_its_backward_stage(compiled):
         nv.eval(step(), state)
     backward_then_update = [(kind, b) for b in (4, 3, 2, 1) for kind in ("backward", "update")]
     assert [(r.kind, r.block) for r in t.readings] == [
-        *(("forward", b) for b in (1, 2, 3, 4)), *backward_then_update, ("outputs", None)]
+        *(("forward", b) for b in (1, 2, 3, 4)),
+        *backward_then_update,
+        ("outputs", None),
+    ]
     assert t.readings[5].name() == "update of block 4's parameters"
 
 
@@ -86,22 +61,26 @@ def test_an_update_small_beside_its_backward_stage_is_computed_in_the_stage_afte
     with nv.memory.timeline() as t:
         nv.eval(step(), state)
     assert [(r.kind, r.block) for r in t.readings] == [
-        *(("forward", b) for b in (1, 2, 3, 4)), *(("backward", b) for b in (4, 3, 2, 1)), ("outputs", None)]
+        *(("forward", b) for b in (1, 2, 3, 4)),
+        *(("backward", b) for b in (4, 3, 2, 1)),
+        ("outputs", None),
+    ]
 
 
+# The reference, optimizer.update inside nv.compile, runs unstaged on purpose (and says so).
+@pytest.mark.filterwarnings("ignore::nuvec_mlx.NotStagedWarning")
 @pytest.mark.parametrize("batch", [8, 2048], ids=["update-stages", "folded"])
 @pytest.mark.parametrize("checkpointed", [True, False], ids=["checkpointed", "unchecked"])
 @pytest.mark.parametrize("is_compiled", [True, False], ids=["compiled", "eager"])
 def test_parameters_and_optimizer_state_are_the_optimizers_update(batch, checkpointed, is_compiled, compiled):
     runs = []
     for update in (optimizer_update, nv.update):
-        model, optimizer, state, step = training(update, checkpointed=checkpointed, compiled=is_compiled,
-                                                 batch=batch)
+        model, optimizer, state, step = training(update, checkpointed=checkpointed, compiled=is_compiled, batch=batch)
         losses = []
         for _ in range(3):
             losses.append(step())
             nv.eval(losses[-1], state)
-        runs.append(([l.item() for l in losses], tree_flatten(model.parameters()), tree_flatten(optimizer.state)))
+        runs.append(([loss.item() for loss in losses], tree_flatten(model.parameters()), tree_flatten(optimizer.state)))
     (losses, params, moments), (our_losses, our_params, our_moments) = runs
     assert our_losses == losses
     for (name, a), (our_name, b) in zip(params + moments, our_params + our_moments):
@@ -128,6 +107,7 @@ def step_peak(update) -> float:
     return (mx.get_peak_memory() - before) / MiB
 
 
+@pytest.mark.filterwarnings("ignore::nuvec_mlx.NotStagedWarning")  # the unstaged step, on purpose
 def test_a_block_at_a_time_the_step_keeps_a_fraction_of_the_gradients_alive(compiled):
     """Updated after the backward pass, every gradient (16 blocks of 0.25 MiB) is alive at once; a block
     at a time, about one block's gradients, new weights and moments (1 MiB). MLX's CUDA backend frees a
