@@ -32,7 +32,7 @@ import contextlib
 import importlib
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -57,6 +57,8 @@ __all__ = [
     "blocks_loss",
     "blocks_model",
     "filled",
+    "flat_inputs",
+    "flat_loss",
     "input_shape",
     "mlp_block",
     "mlx_lm_batch",
@@ -103,10 +105,10 @@ def filled(shape: Sequence[int], seed: float) -> mx.array:
     return (mx.sin(mx.arange(math.prod(shape), dtype=mx.float32) * seed) * 0.05).reshape(shape)
 
 
-def _check_kind(kind: object) -> str:
+def _check_kind(kind: str) -> str:
     if kind not in BLOCK_KINDS:
         raise ValueError(f"kind must be one of {BLOCK_KINDS}, got {kind!r}")
-    return kind  # type: ignore[return-value]
+    return kind
 
 
 def weight_shapes(kind: str, dim: int, index: int) -> list[tuple[tuple[int, int], float]]:
@@ -183,6 +185,50 @@ def transformer_block(xs: list[mx.array]) -> list[mx.array]:
 
 #: Each kind's block as a flat function.
 BLOCK_FUNCTIONS = {"mlp": mlp_block, "transformer": transformer_block}
+
+
+def flat_inputs(kind: str, batch: int, dim: int, blocks: int, seq: int = 1) -> list[mx.array]:
+    """What :func:`flat_loss` takes: every block's weights in turn (:func:`block_weights`), then the
+    input (:func:`block_input`), evaluated.
+
+    Example:
+        >>> len(flat_inputs("mlp", batch=4, dim=8, blocks=3))
+        7
+    """
+    x = block_input(kind, batch, dim, seq)
+    _validate.check_int(blocks, "blocks", minimum=1)
+    xs = [w for i in range(blocks) for w in block_weights(kind, dim, i)] + [x]
+    mx.eval(xs)
+    return xs
+
+
+def flat_loss(
+    kind: str, blocks: int, wrap: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None
+) -> Callable[[list[mx.array]], mx.array]:
+    """The blocks' loss ``sum(blocks(x))`` as a flat function of :func:`flat_inputs`' list.
+
+    Args:
+        kind: one of :data:`BLOCK_KINDS`.
+        blocks: the number of blocks.
+        wrap: applied to the block's flat function before the blocks run it
+            (:func:`nuvec_mlx.checkpoint_flat`, for example); ``None`` runs it as it is.
+
+    Example:
+        >>> loss = flat_loss("mlp", 3, wrap=nv.checkpoint_flat)
+        >>> value, grads = nv.value_and_grad_flat(loss, [6])(flat_inputs("mlp", 4, 8, 3))
+    """
+    block = BLOCK_FUNCTIONS[_check_kind(kind)]
+    block = block if wrap is None else wrap(block)
+    per = len(WEIGHTS[kind])
+    _validate.check_int(blocks, "blocks", minimum=1)
+
+    def loss(xs: list[mx.array]) -> mx.array:
+        h = xs[-1]
+        for i in range(blocks):
+            h = block([h, *xs[per * i : per * (i + 1)]])[0]
+        return h.sum()
+
+    return loss
 
 
 def _linear(weight: mx.array) -> nn.Linear:
@@ -292,81 +338,58 @@ DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
 #: Quantization for QLoRA (the base model's weights), as ``mlx_lm.convert -q`` writes it.
 QUANTIZATION = {"group_size": 32, "bits": 4}
 
-_LLAMA_3_2_ROPE = {  # Llama 3.2's rope_scaling, as its config.json has it
-    "factor": 32.0,
-    "high_freq_factor": 4.0,
-    "low_freq_factor": 1.0,
-    "original_max_position_embeddings": 8192,
-    "rope_type": "llama3",
+_LLAMA_3_2 = {  # what Llama 3.2's configurations share
+    "model_type": "llama",
+    "intermediate_size": 8192,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "tie_word_embeddings": True,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "rope_scaling": {
+        "factor": 32.0,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "max_position_embeddings": 131072,
+    "attention_bias": False,
+    "mlp_bias": False,
+}
+_QWEN3 = {  # what Qwen3's configurations share (q and k normed per head: mlx-lm's qwen3 always has them)
+    "model_type": "qwen3",
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "rope_scaling": None,
+    "max_position_embeddings": 40960,
 }
 
 #: Public models' configurations: the ``config.json`` fields mlx-lm reads, as published
 #: (hidden / layers / heads / kv heads / head dim / intermediate / vocabulary / tied).
 PUBLIC_CONFIGS: dict[str, dict[str, Any]] = {
     "llama-3.2-1b": {
-        "model_type": "llama",
+        **_LLAMA_3_2,
         "hidden_size": 2048,
         "num_hidden_layers": 16,
         "num_attention_heads": 32,
-        "num_key_value_heads": 8,
         "head_dim": 64,
-        "intermediate_size": 8192,
-        "vocab_size": 128256,
-        "tie_word_embeddings": True,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 500000.0,
-        "rope_scaling": _LLAMA_3_2_ROPE,
-        "max_position_embeddings": 131072,
-        "attention_bias": False,
-        "mlp_bias": False,
     },
     "llama-3.2-3b": {
-        "model_type": "llama",
+        **_LLAMA_3_2,
         "hidden_size": 3072,
         "num_hidden_layers": 28,
         "num_attention_heads": 24,
-        "num_key_value_heads": 8,
         "head_dim": 128,
-        "intermediate_size": 8192,
-        "vocab_size": 128256,
-        "tie_word_embeddings": True,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 500000.0,
-        "rope_scaling": _LLAMA_3_2_ROPE,
-        "max_position_embeddings": 131072,
-        "attention_bias": False,
-        "mlp_bias": False,
     },
-    "qwen3-0.6b": {  # q and k normed per head (mlx-lm's qwen3 always has q_norm and k_norm)
-        "model_type": "qwen3",
-        "hidden_size": 1024,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "intermediate_size": 3072,
-        "vocab_size": 151936,
-        "tie_word_embeddings": True,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0,
-        "rope_scaling": None,
-        "max_position_embeddings": 40960,
-    },
-    "qwen3-1.7b": {
-        "model_type": "qwen3",
-        "hidden_size": 2048,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "intermediate_size": 6144,
-        "vocab_size": 151936,
-        "tie_word_embeddings": True,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0,
-        "rope_scaling": None,
-        "max_position_embeddings": 40960,
-    },
+    "qwen3-0.6b": {**_QWEN3, "hidden_size": 1024, "intermediate_size": 3072},
+    "qwen3-1.7b": {**_QWEN3, "hidden_size": 2048, "intermediate_size": 6144},
     "gemma-3-1b": {  # 5 local layers (sliding window 512) to 1 global
         "model_type": "gemma3_text",
         "hidden_size": 1152,
@@ -386,7 +409,7 @@ PUBLIC_CONFIGS: dict[str, dict[str, Any]] = {
         "sliding_window_pattern": 6,
         "max_position_embeddings": 32768,
     },
-    "smollm2-1.7b": {  # assumption: rope_theta 130000 and max_position_embeddings 8192, as recalled
+    "smollm2-1.7b": {  # a Llama; assumed (as recalled, not read here): rope_theta 130000, 8192 positions
         "model_type": "llama",
         "hidden_size": 2048,
         "num_hidden_layers": 24,
@@ -404,19 +427,14 @@ PUBLIC_CONFIGS: dict[str, dict[str, Any]] = {
         "mlp_bias": False,
     },
     "qwen3-30b-a3b": {  # every layer a mixture of 128 experts (8 per token); intermediate_size is unused
+        **_QWEN3,
         "model_type": "qwen3_moe",
         "hidden_size": 2048,
         "num_hidden_layers": 48,
         "num_attention_heads": 32,
         "num_key_value_heads": 4,
-        "head_dim": 128,
         "intermediate_size": 6144,
-        "vocab_size": 151936,
         "tie_word_embeddings": False,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0,
-        "rope_scaling": None,
-        "max_position_embeddings": 40960,
         "num_experts": 128,
         "num_experts_per_tok": 8,
         "moe_intermediate_size": 768,
@@ -537,7 +555,7 @@ def public_config(name: str, layers: int | None = None) -> dict[str, Any]:
     """
     if name not in PUBLIC_CONFIGS:
         raise ValueError(f"name must be one of {', '.join(PUBLIC_CONFIGS)}, got {name!r}")
-    config = {
+    config: dict[str, Any] = {
         k: (dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v)
         for k, v in PUBLIC_CONFIGS[name].items()
     }
@@ -591,7 +609,7 @@ def mlx_lm_model(
             from mlx_lm.utils import quantize_model
 
             with contextlib.redirect_stdout(io.StringIO()):  # its "[INFO] Quantized ..." line
-                model, config = quantize_model(model, config, **QUANTIZATION)
+                model, config = quantize_model(model, config, QUANTIZATION["group_size"], QUANTIZATION["bits"])
         mx.eval(model.parameters())
     model.eval()
     return model, config

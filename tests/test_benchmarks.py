@@ -40,16 +40,14 @@ SMALLEST = ["--batch", "16", "--dim", "32", "--blocks", "2", "--repeats", "1", "
 
 
 def assert_close(actual, expected, rtol: float) -> None:
-    """Arrays (or lists of them) equal in shape and dtype, and within ``rtol`` of the largest expected value."""
-    if isinstance(expected, (list, tuple)):
-        assert len(actual) == len(expected)
-        for a, e in zip(actual, expected):
-            assert_close(a, e, rtol)
-        return
-    assert actual.shape == expected.shape and actual.dtype == expected.dtype
-    np.testing.assert_allclose(
-        np.array(actual), np.array(expected), rtol=0, atol=rtol * np.abs(np.array(expected)).max()
-    )
+    """Arrays (or lists of them) of the same shapes and dtypes, within ``rtol`` of the largest expected value.
+
+    (``tests/helpers.py`` has the same check, but imports mlx-lm's test folders' needs at its top.)
+    """
+    pairs = list(zip(actual, expected, strict=True)) if isinstance(expected, (list, tuple)) else [(actual, expected)]
+    for a, e in pairs:
+        assert (a.shape, a.dtype) == (e.shape, e.dtype)
+        assert mx.allclose(a, e, rtol=0, atol=rtol * mx.abs(e).max().item()).item(), mx.abs(a - e).max().item()
 
 
 # --- the layout ------------------------------------------------------------------------
@@ -176,16 +174,9 @@ def test_host_inputs_are_each_blocks_weights_then_the_input():
 def test_testings_modules_compute_its_flat_blocks(kind):
     seq = 8 if kind == "transformer" else 1
     model, x = testing.blocks_model(kind, batch=2, dim=16, blocks=2, seq=seq)
-    flat = [w for i in range(2) for w in testing.block_weights(kind, 16, i)]
-    per = len(flat) // 2
-
-    def loss(xs):
-        h = xs[-1]
-        for i in range(2):
-            h = testing.BLOCK_FUNCTIONS[kind]([h, *xs[per * i : per * (i + 1)]])[0]
-        return h.sum()
-
-    value, grads = nv.value_and_grad_flat(loss, list(range(len(flat))))([*flat, x])
+    xs = testing.flat_inputs(kind, batch=2, dim=16, blocks=2, seq=seq)
+    assert mx.array_equal(xs[-1], x).item()
+    value, grads = nv.value_and_grad_flat(testing.flat_loss(kind, 2), list(range(len(xs) - 1)))(xs)
     ours, our_grads = nv.value_and_grad(model, testing.blocks_loss)(model, x)
     assert_close(ours, value, 1e-5)
     # nn.Linear holds the transposed weight: its gradient is the transpose of the flat one's.
@@ -408,6 +399,11 @@ def test_run_cases_summarises_every_case():
     assert measured["b"]["peak"]["median"] == 1000
     t = measured["a"]["time"]
     assert 0 < t["min"] <= t["median"] <= t["max"] and len(t["repeats"]) == 3
+
+
+def test_rank_peaks_are_added_only_under_several_processes():
+    cases = {"a": {"peak": {"median": 5}}}
+    assert mlx_measure.add_rank_peaks(cases) == {"a": {"peak": {"median": 5}}}
 
 
 def test_split_times_the_dispatch_and_the_evaluation_apart(monkeypatch):
@@ -665,11 +661,10 @@ def test_smallest_run_writes_table_json_markdown_and_plots(tmp_path, capsys, com
     assert all(r["traces"] == 1 for r in saved["rows"])
     assert all(r["peak_ratio"] == 1 for r in table if r["strategy"] == "none")
     assert all(len(r["peak"]["repeats"]) == 1 and r["floor"] > 0 for r in saved["rows"])
-    for r in saved["rows"]:  # every MLX step's time in its two parts, which add up to no more than the step
+    for r in saved["rows"]:  # every MLX step's time in its two parts, each repeat's
         parts = r["parts"]
         assert set(parts) == {"dispatch", "evaluation"} and len(parts["dispatch"]["repeats"]) == 1
         assert 0 < parts["dispatch"]["median"] and 0 < parts["evaluation"]["median"]
-        assert parts["dispatch"]["median"] + parts["evaluation"]["median"] <= 1.5 * r["time"]["median"]
     assert not any(n.startswith("- partial") for n in saved["notes"])
     out = capsys.readouterr().out
     assert "| nuvec |" in out and "Targets on this run's shapes" in out and "Checkpointed peaks" in out
@@ -700,27 +695,17 @@ def test_interrupted_run_leaves_its_finished_parts(tmp_path, monkeypatch):
     assert "partial" in (tmp_path / "results.md").read_text()
 
 
+#: A run of the plain step alone, evaluated with mx.eval and with nv.eval.
+PLAIN_MLP = [*SMALLEST, "--models", "mlp", "--weight-grads", "off", "--strategies", "none,none-policy", "--depths", ""]
+
+
 def test_without_a_throttle_option_the_run_keeps_nuvecs_defaults(tmp_path, monkeypatch):
     # A plain step through nv.eval must stay mx.eval, as a user gets it: no throttle is set.
     real, seen = peak.mlx_rows, []
     monkeypatch.setattr(
         peak, "mlx_rows", lambda *a: (seen.append(nv.memory.current_throttle(staged=False)), real(*a))[1]
     )
-    peak.run(
-        [
-            *SMALLEST,
-            "--models",
-            "mlp",
-            "--weight-grads",
-            "off",
-            "--strategies",
-            "none,none-policy",
-            "--depths",
-            "",
-            "--out",
-            str(tmp_path),
-        ]
-    )
+    peak.run([*PLAIN_MLP, "--out", str(tmp_path)])
     assert seen == [math.inf]
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["environment"]["nv.eval throttle"].startswith("nuvec_mlx's default")
@@ -736,23 +721,7 @@ def test_throttle_option_is_nv_evals_throttle_for_the_run_only(tmp_path, monkeyp
 
     monkeypatch.setattr(peak, "mlx_rows", record_the_throttle)
     default = nv.memory.current_throttle()
-    peak.run(
-        [
-            *SMALLEST,
-            "--models",
-            "mlp",
-            "--weight-grads",
-            "off",
-            "--strategies",
-            "none,none-policy",
-            "--depths",
-            "",
-            flag,
-            "inf",
-            "--out",
-            str(tmp_path),
-        ]
-    )
+    peak.run([*PLAIN_MLP, flag, "inf", "--out", str(tmp_path)])
     assert seen == [math.inf] and nv.memory.current_throttle() == default
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["environment"]["nv.eval throttle"] == "inf (no throttle: the stages alone)"

@@ -66,14 +66,7 @@ def build(strategy: str, workload: Workload) -> Scenario:
     xs = [mx.array(a) for a in [*host_weights, host_x]]
     mx.eval(xs)
     per = len(host_weights) // workload.blocks
-    fn = _wrap(strategy, testing.BLOCK_FUNCTIONS[workload.model])
-
-    def loss(xs: list[mx.array]) -> mx.array:
-        h = xs[-1]
-        for i in range(workload.blocks):
-            h = fn([h, *xs[per * i : per * (i + 1)]])[0]
-        return h.sum()
-
+    loss = testing.flat_loss(workload.model, workload.blocks, _wrapper(strategy))
     argnums = list(range(len(xs))) if workload.weight_grads else [len(xs) - 1]
     vg = nv.value_and_grad_flat(loss, argnums)
 
@@ -105,17 +98,20 @@ def module(workload: Workload) -> tuple[testing.Blocks, mx.array]:
     return model, x
 
 
-def _wrap(strategy: str, block: Callable) -> Callable:
+def _wrapper(strategy: str) -> Callable[[Callable], Callable] | None:
+    """How ``strategy`` wraps a flat block (``None``: not at all)."""
     if strategy.startswith("nuvec"):
-        return nv.checkpoint_flat(block)
+        return nv.checkpoint_flat
     if strategy in ("mx", "mx-ordered"):
-        ck = mx.checkpoint(lambda *xs: block(list(xs)))
-    elif strategy == "nn":
-        # The weights come in as arguments, so the module holds no parameters.
-        ck = nn.utils.checkpoint(nn.Module(), lambda *xs: block(list(xs)))
-    else:
-        return block
-    return lambda xs: ck(*xs)
+        return lambda block: _spread(mx.checkpoint(lambda *xs: block(list(xs))))
+    if strategy == "nn":  # the weights come in as arguments, so the module holds no parameters
+        return lambda block: _spread(nn.utils.checkpoint(nn.Module(), lambda *xs: block(list(xs))))
+    return None
+
+
+def _spread(checkpointed: Callable) -> Callable[[list[mx.array]], list[mx.array]]:
+    """A function of arrays as a function of their list."""
+    return lambda xs: checkpointed(*xs)
 
 
 def _evaluator(strategy: str, per: int, weight_grads: bool) -> Callable[[list[mx.array]], None]:

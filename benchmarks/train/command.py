@@ -200,7 +200,8 @@ def measure_workload(w: TrainWorkload, args: argparse.Namespace) -> list[dict]:
             for s, c in cases.items():
                 by[s]["sweep"][seq] = peak_at(c, seq)
                 bar.update()
-    for s, c in tqdm(cases.items(), desc=f"{w.label()}: largest lengths", unit="strategy", disable=not args.memory):
+    searched_cases = cases.items() if args.memory else ()
+    for s, c in tqdm(searched_cases, desc=f"{w.label()}: largest lengths", unit="strategy", disable=not args.memory):
         measured_peaks = {**by[s]["sweep"]}
         searched = by[s]["search"]
 
