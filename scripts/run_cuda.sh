@@ -13,26 +13,24 @@
 #               from run to run), nuvec_mlx's defaults and MLX's own CUDA graph size
 #   suite-mlx-ops1
 #               the MLP part of suite-mlx with one op per CUDA graph (MLX_MAX_OPS_PER_BUFFER=1)
-#   probe       benchmarks/probes/staging_variants.py with one op per CUDA graph and with MLX's
-#               own graph size (100 ops on an H200): which stages pay
-#   probe-lora  benchmarks/probes/lora_time.py on the train parts' Llama (LoRA): where nuvec's step spends
-#               the time it takes beyond mlx-lm's; PROBE=checkpoint_cost runs that probe instead (nuvec's
-#               checkpoint against mx.checkpoint, a part at a time); PROBE_ARGS adds arguments
-#               (--arch qwen3_moe ...), PROBE_NAME names the result
-#   probe-policy
-#               benchmarks/probes/matmul_policy_time.py: save_matmuls on the plan sweep's transformer, a part
-#               at a time (the stages, the recomputation, the attention kept)
+#   probe-host  benchmarks/probes/host_time.py: the host's time per layer to call and evaluate nuvec's
+#               nv.TrainingStep, the same step under mx.compile and mlx-lm's checkpointed step (a tiny
+#               Qwen3 at 16, 28, 48 layers); PROBE_ARGS adds arguments; needs mlx-lm (below)
 #   mlx-graphs  the MLX strategies again with MLX's own CUDA graph size (100 ops on an H200)
-#   budgets     budget sweeps of the seed step, input-only and with weight gradients
-#   budget0     the seed MLP (input gradient) and its depth sweep at budget 0: no run-ahead, and its cost
-#   train-llama the fine-tuning benchmark (nuvec-mlx-bench-train --suite h200) on the 1B Llama (hidden
-#               2048, 16 layers, seq 2048, batch 4, bf16): full, LoRA, QLoRA; none, mlx-lm's
-#               grad_checkpoint, nuvec; peak against length and the largest length in 16 GiB
-#   train-moe   the same on the MoE (qwen3_moe, 8 experts, top 2, same sizes)
-#   train       both (longer than one device call: run the halves where calls are limited)
+#   budgets     throttle sweeps of the seed step, input-only and with weight gradients
+#   budget0     the seed MLP (input gradient) and its depth sweep at throttle 0: no run-ahead, and its cost
+#   train-llama the fine-tuning benchmark (nuvec-mlx-bench-train --suite h200) on the public Llama-3.2-1B
+#               configuration (random weights, seq 2048, batch 4, bf16): full and LoRA; none, mlx-lm's
+#               grad_checkpoint, nuvec, nuvec unchunked; peak against length (512 to 8192 tokens) and the
+#               largest length in 8, 16 and 32 GiB
+#   train-qwen, train-gemma
+#               the same on Qwen3-0.6B and on Gemma-3-1B
+#   train-moe   the same on Qwen3-30B-A3B's configuration, LoRA, 8 of its 48 layers (every strategy holds
+#               a model: four of the whole model do not fit an H200)
+#   train       the four (longer than one device call: run the parts where calls are limited)
 #               TRAIN_ARGS adds arguments to the train parts' command (later ones win), for example
-#               TRAIN_ARGS="--modes full --strategies none,mlx-lm,nuvec" bash scripts/run_cuda.sh OUT train-moe
-#   plan        the planner's budget sweep (benchmarks/plan_sweep.py --suite full) on the MLP and the
+#               TRAIN_ARGS="--modes full --strategies none,mlx-lm,nuvec" bash scripts/run_cuda.sh OUT train-qwen
+#   plan        the planner's budget sweep (nuvec-mlx-bench-plan --suite full) on the MLP and the
 #               transformer: plans from the smallest reachable peak to the unchecked one, against every
 #               block, every 2nd and sqrt(n) segments checkpointed; PLAN_ARGS adds arguments to the plan
 #               parts' command (PLAN_ARGS="--optimizer adam": each step updates with Adam through nv.update)
@@ -49,7 +47,7 @@
 # A part that fails says so at the end of its log and on the console; the others still run, and
 # the script's exit status is 1 if any part failed.
 set -uo pipefail
-usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|probe-lora|probe-policy|mlx-graphs|budgets|budget0|train|train-llama|train-moe|plan|plan-transformer|plan-llama|tests|all"
+usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|plan|plan-transformer|plan-llama|tests|all"
 out=${1:?$usage}
 part=${2:?$usage}
 # The machine's paths, each overridable from the environment.
@@ -80,8 +78,8 @@ mkdir -p "$out"
 $PY -c "import mlx.core as mx; print(mx.default_device(), mx.device_info()['device_name'])"
 set +e
 
-bench() { $PY -m nuvec_mlx_bench.peak_memory "$@"; }
-sweep() { $PY -m nuvec_mlx_bench.budget_sweep "$@"; }
+bench() { $PY -m nuvec_mlx_bench.peak "$@"; }
+sweep() { $PY -m nuvec_mlx_bench.sweep "$@"; }
 part_suite() { bench --suite full --peer-python "$PY" --peers torch-eager,torch-compile,jax-jit --out "$out/suite"; }
 part_suite_mlp() {
   bench --suite full --models mlp --peer-python "$PY" --peers torch-compile,jax-jit --out "$out/suite-mlp"
@@ -96,29 +94,23 @@ part_suite_mlx_ops1() {
   MLX_MAX_OPS_PER_BUFFER=1 bench --suite full --models mlp --depths "" --peers none \
     --strategies $mlx_strategies --out "$out/suite-mlx-ops1"
 }
-part_probe() {
-  mkdir -p "$out/probe" &&
-    MLX_MAX_OPS_PER_BUFFER=1 $PY benchmarks/probes/staging_variants.py "$out/probe/ops1.json" &&
-    MLX_MAX_OPS_PER_BUFFER=100 $PY benchmarks/probes/staging_variants.py "$out/probe/ops100.json"
+part_probe_host() {
+  with_mlx_lm && mkdir -p "$out/probe-host" &&
+    $PY benchmarks/probes/host_time.py --out "$out/probe-host/host_time.json" ${PROBE_ARGS:-}
 }
-part_probe_lora() {
-  with_mlx_lm && mkdir -p "$out/probe-lora" &&
-    $PY "benchmarks/probes/${PROBE:-lora_time}.py" "$out/probe-lora/${PROBE_NAME:-llama-lora}.json" ${PROBE_ARGS:-}
-}
-part_probe_policy() { mkdir -p "$out/probe-policy" && $PY benchmarks/probes/matmul_policy_time.py "$out/probe-policy/transformer.json"; }
 part_mlx_graphs() { MLX_MAX_OPS_PER_BUFFER=100 bench --suite full --peers none --out "$out/mlx-graphs"; }
 part_budgets() {
-  sweep --repeats 9 --budgets inf,0,16,64,256 --out "$out/budgets" &&
-    sweep --weight-grads --repeats 9 --budgets inf,0,16,64,256 --out "$out/budgets"
+  sweep --repeats 9 --throttles inf,0,16,64,256 --out "$out/budgets" &&
+    sweep --weight-grads --repeats 9 --throttles inf,0,16,64,256 --out "$out/budgets"
 }
-plan_sweep() { $PY -m nuvec_mlx_bench.plan_sweep --suite full "$@" ${PLAN_ARGS:-}; }
+plan_sweep() { $PY -m nuvec_mlx_bench.plan --suite full "$@" ${PLAN_ARGS:-}; }
 part_plan_transformer() { plan_sweep --models transformer --out "$out/plan/transformer"; }
 part_plan() {  # one model at a time, each into its own folder: a cut-off run keeps the models it finished
   plan_sweep --models mlp --out "$out/plan/mlp" && plan_sweep --models transformer --out "$out/plan/transformer"
 }
 part_plan_llama() { with_mlx_lm && plan_sweep --models llama --out "$out/plan-llama"; }
 part_budget0() {
-  bench --suite full --models mlp --weight-grads off --budget 0 --strategies none,none-policy,nuvec \
+  bench --suite full --models mlp --weight-grads off --throttle 0 --strategies none,none-policy,nuvec \
     --peers none --out "$out/budget0"
 }
 # The fine-tuning benchmark (run on 2026-12-04: benchmarks/results/h200/2026-12-04-train/).
@@ -127,9 +119,15 @@ with_mlx_lm() {
   $PY -c "import mlx_lm, nuvec_mlx.mlx_lm; print('mlx-lm', mlx_lm.__version__)"
 }
 train() { with_mlx_lm && $PY -m nuvec_mlx_bench.train --suite h200 "$@" ${TRAIN_ARGS:-}; }
-part_train_llama() { train --archs llama --out "$out/train-llama"; }
-part_train_moe() { train --archs qwen3_moe --out "$out/train-moe"; }
-part_train() { part_train_llama; local status=$?; part_train_moe || status=1; return $status; }
+part_train_llama() { train --configs llama-3.2-1b --out "$out/train-llama"; }
+part_train_qwen() { train --configs qwen3-0.6b --out "$out/train-qwen"; }
+part_train_gemma() { train --configs gemma-3-1b --out "$out/train-gemma"; }
+part_train_moe() { train --configs qwen3-30b-a3b --layers 8 --modes lora --out "$out/train-moe"; }
+part_train() {
+  local status=0 p
+  for p in llama qwen gemma moe; do "part_train_$p" || status=1; done
+  return $status
+}
 
 part_tests() { with_mlx_lm && $PY -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_mlx_lm.py tests/test_evaluate.py}; }
 
@@ -148,7 +146,7 @@ run_part() {  # run_part NAME: the part's output into its log; a failure is said
 }
 
 case $part in
-  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe|probe-lora|probe-policy|mlx-graphs|budgets|budget0|train|train-llama|train-moe|plan|plan-transformer|plan-llama|tests)
+  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|plan|plan-transformer|plan-llama|tests)
     run_part "$part" ;;
   all)
     for p in suite mlx-graphs budgets budget0 plan plan-llama; do run_part "$p"; done

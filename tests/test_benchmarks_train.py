@@ -1,62 +1,183 @@
-"""The fine-tuning benchmark (nuvec-mlx-bench-train): models, strategies, the search, a smallest run.
+"""The fine-tuning benchmark (nuvec-mlx-bench-train) and the mlx-lm models of nuvec_mlx.testing it trains.
 
-Sections follow its modules in ``benchmarks/`` (installed as nuvec_mlx_bench).
+Sections: ``nuvec_mlx.testing``'s mlx-lm models (architectures at a size, public configurations),
+then ``benchmarks/train/`` (installed as nuvec_mlx_bench.train): its lengths, cases, report and command.
 """
 
-import importlib.metadata
 import json
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx.utils import tree_flatten
+from mlx_lm.tuner.trainer import default_loss
 
 import nuvec_mlx as nv
-from nuvec_mlx_bench import architectures, seq_search, train, train_report
-from nuvec_mlx_bench.train_steps import STRATEGIES, Case, TrainWorkload
+from nuvec_mlx import mlx_lm as nv_mlx_lm
+from nuvec_mlx import testing
+from nuvec_mlx_bench.train import command, lengths, report
+from nuvec_mlx_bench.train.cases import NUVEC_STEPS, STRATEGIES, Case, TrainWorkload
 
-TINY = TrainWorkload("llama", hidden=32, layers=2, batch=2, seq=32, vocab=64)
+TINY = TrainWorkload("llama", batch=2, seq=32, hidden=32, layers=2, vocab=64)
 SMALLEST = ["--hidden", "32", "--layers", "2", "--seq", "32", "--vocab", "64", "--repeats", "1"]
+MiB = 1 << 20
+
+# The public configurations as published (hidden / layers / heads / kv heads / head dim / intermediate /
+# vocabulary / tied), written out again here so that a typo in either place fails.
+PUBLISHED = {
+    "llama-3.2-1b": (2048, 16, 32, 8, 64, 8192, 128256, True),
+    "llama-3.2-3b": (3072, 28, 24, 8, 128, 8192, 128256, True),
+    "qwen3-0.6b": (1024, 28, 16, 8, 128, 3072, 151936, True),
+    "qwen3-1.7b": (2048, 28, 16, 8, 128, 6144, 151936, True),
+    "gemma-3-1b": (1152, 26, 4, 1, 256, 6912, 262144, True),
+    "smollm2-1.7b": (2048, 24, 32, 32, 64, 8192, 49152, True),
+    "qwen3-30b-a3b": (2048, 48, 32, 4, 128, 6144, 151936, False),
+}
+FIELDS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "tie_word_embeddings",
+)
 
 
-# --- architectures.py -------------------------------------------------------------------
+# --- nuvec_mlx.testing: architectures at a size ------------------------------------------
 
 
-@pytest.mark.parametrize("arch", architectures.ARCHITECTURES)
+@pytest.mark.parametrize("arch", testing.ARCHITECTURES)
 def test_every_architecture_builds_at_a_tiny_size_in_its_dtype(arch):
-    model, config = architectures.build(architectures.config(arch, 64, 3, vocab=64), "bfloat16")
+    model, config = testing.mlx_lm_model(testing.mlx_lm_config(arch, 64, 3, vocab=64), "bfloat16")
     assert config["model_type"] == arch and len(model.layers) == 3
     assert model.layers[0].parameters()  # a block with weights
     assert {v.dtype for _, v in tree_flatten(model.parameters())} == {mx.bfloat16}
 
 
 def test_quantized_build_is_what_mlx_lm_convert_writes():
-    model, config = architectures.build(architectures.config("llama", 64, 2, vocab=64), quantized=True)
+    model, config = testing.mlx_lm_model(testing.mlx_lm_config("llama", 64, 2, vocab=64), quantized=True)
     assert config["quantization"] == {"group_size": 32, "bits": 4, "mode": "affine"}
     assert model.layers[0].self_attn.q_proj.weight.dtype == mx.uint32
 
 
 def test_1b_llama_config_has_the_shape_of_llama_3_2_1b():
-    c = architectures.config("llama", 2048, 16)
-    assert (c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["intermediate_size"]) == (32, 8, 64, 8192)
+    c = testing.mlx_lm_config("llama", 2048, 16)
+    assert (c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["intermediate_size"]) == (
+        32,
+        8,
+        64,
+        8192,
+    )
 
 
-@pytest.mark.parametrize("args, error, message", [
-    (("mamba", 64, 2), ValueError, "arch must be one of"),
-    (("llama", 48, 2), ValueError, "hidden must be a multiple of 32"),
-    (("llama", 64, 0), ValueError, "layers must be >= 1"),
-    (("llama", 64.0, 2), TypeError, "hidden must be an int"),
-    (("gemma4_text", 64, 2), ValueError, "gemma4_text needs layers >= 3"),
-])
+def test_at_every_width_the_key_value_heads_divide_the_heads():
+    for hidden in range(32, 4097, 32):
+        c = testing.mlx_lm_config("llama", hidden, 1)
+        assert c["num_attention_heads"] % c["num_key_value_heads"] == 0, hidden
+
+
+def test_a_width_of_18_heads_runs_its_attention():
+    """1152 is 18 heads of 64: a quarter, 4 key-value heads, cannot group them; 3 can."""
+    model, config = testing.mlx_lm_model(testing.mlx_lm_config("llama", 1152, 1, vocab=64), "float32")
+    assert (config["num_attention_heads"], config["num_key_value_heads"]) == (18, 3)
+    tokens, _ = testing.mlx_lm_batch(64, 1, 8)
+    assert model(tokens).shape == (1, 9, 64)
+
+
+def test_building_leaves_the_random_state_as_it_was_and_a_seed_gives_the_same_weights():
+    key = mx.random.state[0]
+    a, _ = testing.mlx_lm_model(testing.mlx_lm_config("qwen3", 64, 2, vocab=64), "float32", seed=3)
+    assert mx.random.state[0] is key
+    b, _ = testing.mlx_lm_model(testing.mlx_lm_config("qwen3", 64, 2, vocab=64), "float32", seed=3)
+    c, _ = testing.mlx_lm_model(testing.mlx_lm_config("qwen3", 64, 2, vocab=64), "float32", seed=4)
+    pa, pb, pc = (dict(tree_flatten(m.parameters())) for m in (a, b, c))
+    assert all(mx.array_equal(pa[k], pb[k]).item() for k in pa)
+    assert not mx.array_equal(pa["model.embed_tokens.weight"], pc["model.embed_tokens.weight"]).item()
+
+
+@pytest.mark.parametrize(
+    "args, error, message",
+    [
+        (("mamba", 64, 2), ValueError, "arch must be one of"),
+        (("llama", 48, 2), ValueError, "hidden must be a multiple of 32"),
+        (("llama", 64, 0), ValueError, "layers must be >= 1"),
+        (("llama", 64.0, 2), TypeError, "hidden must be an int"),
+        (("gemma4_text", 64, 2), ValueError, "gemma4_text needs layers >= 3"),
+        (("gemma3_text", 64, 1), ValueError, "gemma3_text needs layers >= 2"),
+    ],
+)
 def test_config_names_what_it_cannot_build(args, error, message):
     with pytest.raises(error, match=message):
-        architectures.config(*args)
+        testing.mlx_lm_config(*args)
 
 
-# --- seq_search.py ----------------------------------------------------------------------
+# --- nuvec_mlx.testing: public configurations --------------------------------------------
 
 
-@pytest.mark.parametrize("limit, start, expected", [(500, 256, 448), (500, 64, 448), (100, 256, 64),
-                                                     (10, 256, 0), (10**6, 256, 4096)])
+def test_the_public_configurations_are_as_published():
+    assert {name: tuple(c[f] for f in FIELDS) for name, c in testing.PUBLIC_CONFIGS.items()} == PUBLISHED
+    types = {name: c["model_type"] for name, c in testing.PUBLIC_CONFIGS.items()}
+    assert types == {
+        "llama-3.2-1b": "llama",
+        "llama-3.2-3b": "llama",
+        "qwen3-0.6b": "qwen3",
+        "qwen3-1.7b": "qwen3",
+        "gemma-3-1b": "gemma3_text",
+        "smollm2-1.7b": "llama",
+        "qwen3-30b-a3b": "qwen3_moe",
+    }
+    gemma, moe = testing.PUBLIC_CONFIGS["gemma-3-1b"], testing.PUBLIC_CONFIGS["qwen3-30b-a3b"]
+    assert (gemma["sliding_window"], gemma["sliding_window_pattern"], gemma["query_pre_attn_scalar"]) == (512, 6, 256)
+    assert (moe["num_experts"], moe["num_experts_per_tok"], moe["moe_intermediate_size"]) == (128, 8, 768)
+
+
+def test_a_public_configuration_at_fewer_layers_is_a_copy():
+    config = testing.public_config("qwen3-30b-a3b", layers=2)
+    config["mlp_only_layers"].append(1)
+    assert config["num_hidden_layers"] == 2 and testing.PUBLIC_CONFIGS["qwen3-30b-a3b"]["num_hidden_layers"] == 48
+    assert testing.PUBLIC_CONFIGS["qwen3-30b-a3b"]["mlp_only_layers"] == []
+
+
+@pytest.mark.parametrize(
+    "name, layers, message",
+    [
+        ("gpt-2", None, "name must be one of"),
+        ("qwen3-0.6b", 29, "layers must be from 1 to qwen3-0.6b's 28"),
+        ("gemma-3-1b", 5, "layers must be from 6 to gemma-3-1b's 26"),
+        ("qwen3-0.6b", 0, "layers must be >= 1"),
+    ],
+)
+def test_public_config_names_what_it_cannot_take(name, layers, message):
+    with pytest.raises(ValueError, match=message):
+        testing.public_config(name, layers)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(testing.PUBLIC_CONFIGS))
+def test_every_public_configuration_builds_shallow_and_runs_with_its_heads_and_vocabulary(name):
+    """At its full width and vocabulary, one layer deep (six for Gemma 3: its first global layer)."""
+    config = testing.public_config(name, layers=6 if name == "gemma-3-1b" else 1)
+    # MLX's CPU gather matmul (the experts') takes float32 only.
+    model, _ = testing.mlx_lm_model(config, "float32" if name == "qwen3-30b-a3b" else "bfloat16")
+    hidden, _, heads, kv_heads, head_dim, _, vocab, tied = PUBLISHED[name]
+    attention = model.layers[0].self_attn
+    assert (attention.n_heads, attention.n_kv_heads) == (heads, kv_heads)
+    assert attention.q_proj.weight.shape == (heads * head_dim, hidden)
+    assert attention.k_proj.weight.shape == (kv_heads * head_dim, hidden)
+    assert ("lm_head" not in model) == tied  # a tied head is the embedding's (gemma3_text as mlx-lm loads it)
+    tokens, _ = testing.mlx_lm_batch(vocab, 1, 8)
+    logits = model(tokens[:, :-1])
+    assert logits.shape == (1, 8, vocab) and mx.isfinite(logits).all().item()
+
+
+# --- train/lengths.py -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "limit, start, expected", [(500, 256, 448), (500, 64, 448), (100, 256, 64), (10, 256, 0), (10**6, 256, 4096)]
+)
 def test_search_finds_the_largest_fitting_multiple_by_measuring(limit, start, expected):
     tried = []
 
@@ -64,25 +185,40 @@ def test_search_finds_the_largest_fitting_multiple_by_measuring(limit, start, ex
         tried.append(seq)
         return seq <= limit
 
-    assert seq_search.largest_fitting(fits, start, granularity=64, cap=4096) == expected
+    assert lengths.largest_fitting(fits, start, granularity=64, cap=4096) == expected
     assert expected in tried or expected == 0  # measured, not inferred
     assert all(s % 64 == 0 and s <= 4096 for s in tried)
 
 
 def test_search_rejects_a_cap_below_its_granularity():
     with pytest.raises(ValueError, match="cap must be at least the granularity 64"):
-        seq_search.largest_fitting(lambda s: True, 64, 64, 32)
+        lengths.largest_fitting(lambda s: True, 64, 64, 32)
 
 
-# --- train_steps.py ---------------------------------------------------------------------
+def test_growth_tells_what_grows_with_the_length_from_what_grows_with_its_square():
+    peaks = {t: 5 * MiB + 2048 * t + 16 * t * t for t in (512, 1024, 2048, 4096)}
+    fit = lengths.growth(peaks)
+    assert fit["constant"] == pytest.approx(5 * MiB) and fit["per_token"] == pytest.approx(2048)
+    assert fit["per_token_squared"] == pytest.approx(16) and fit["max_residual"] < 1e-3 * MiB
+    linear = lengths.growth({t: 5 * MiB + 2048 * t for t in (512, 1024, 2048)})
+    assert abs(linear["per_token_squared"]) < 1e-9 and lengths.growth({512: 1, 1024: 2}) is None
 
 
-def one_step(w: TrainWorkload, strategy: str) -> tuple[float, dict]:
-    """The loss of a strategy's first step, and the trainable weights after it."""
+def test_growth_is_said_in_mib_at_a_length():
+    fit = lengths.growth({t: 4 * MiB + MiB * t + (MiB // 4) * t * t for t in (1, 2, 4)})
+    assert report.growth_text(fit, 4) == "at 4 tokens: 4.0 + 4.0 (x T) + 4.0 (x T²) MiB"
+
+
+# --- train/cases.py ---------------------------------------------------------------------
+
+
+def one_step(w: TrainWorkload, strategy: str) -> tuple[float, dict, list[str]]:
+    """The loss of a strategy's first step, the trainable weights after it, and the kinds of its stages."""
     case = Case(w, strategy)
-    loss, _ = case.step(case.batch(32))
-    case.evaluate(loss)
-    return loss.item(), dict(tree_flatten(case.model.trainable_parameters()))
+    with nv.memory.timeline() as t:
+        loss, _ = case.step(case.batch(w.seq))
+        case.evaluate(loss)
+    return loss.item(), dict(tree_flatten(case.model.trainable_parameters())), [r.kind for r in t.readings]
 
 
 def assert_same_weights(a: dict, b: dict) -> None:
@@ -91,17 +227,34 @@ def assert_same_weights(a: dict, b: dict) -> None:
 
 @pytest.mark.parametrize("mode", ["full", "lora", "qlora"])
 def test_every_strategy_takes_the_same_training_step(eager, mode):
-    w = TrainWorkload("llama", 32, 2, batch=2, seq=32, vocab=64, mode=mode)
-    plain_loss, plain = one_step(w, "none")
+    """A vocabulary of 1024 over a width of 32 splits nuvec's loss head into chunks: the same step, the
+    sum over tokens reordered (equal to the bit here); without chunks, the very same operations."""
+    w = TrainWorkload("llama", batch=2, seq=32, hidden=32, layers=2, vocab=1024, mode=mode)
+    plain_loss, plain, _ = one_step(w, "none")
     for s in STRATEGIES[1:]:
-        loss, weights = one_step(w, s)
-        assert loss == plain_loss
-        assert_same_weights(weights, plain)
+        loss, weights, kinds = one_step(w, s)
+        if s not in NUVEC_STEPS or NUVEC_STEPS[s].loss is default_loss:
+            assert loss == plain_loss and "chunk" not in kinds, s
+            assert_same_weights(weights, plain)
+            continue
+        assert kinds.count("chunk") >= 4, (s, kinds)  # the head's chunks, forward and backward
+        assert loss == pytest.approx(plain_loss, rel=1e-6)
+        for k in plain:  # within a bfloat16 rounding of the largest weight
+            ours, theirs = (np.array(a[k].astype(mx.float32)) for a in (weights, plain))
+            np.testing.assert_allclose(ours, theirs, rtol=0, atol=2**-8 * np.abs(theirs).max())
+
+
+def test_nuvecs_strategies_are_training_steps_with_the_chunks_they_name():
+    for s, how in NUVEC_STEPS.items():
+        case = Case(TINY, s)
+        assert isinstance(case.training, nv.TrainingStep) and case.training.ahead == how.ahead
+        assert case.training.loss_fn is (nv_mlx_lm.chunked_loss if how.attention_chunk else default_loss)
+        assert all(nv.is_checkpointed(b) for b in case.model.layers)  # for the case's life
 
 
 def test_with_lora_dropout_mlx_lm_s_checkpoint_takes_another_step_and_nuvec_the_unchecked_one(eager):
-    w = TrainWorkload("llama", 32, 2, batch=2, seq=32, vocab=64, mode="lora", lora_dropout=0.5)
-    _, plain = one_step(w, "none")
+    w = TrainWorkload("llama", batch=2, seq=32, hidden=32, layers=2, vocab=64, mode="lora", lora_dropout=0.5)
+    _, plain, _ = one_step(w, "none")
     assert_same_weights(one_step(w, "nuvec")[1], plain)
     theirs = one_step(w, "mlx-lm")[1]
     assert any(not mx.array_equal(theirs[k], plain[k]).item() for k in plain)
@@ -115,74 +268,167 @@ def test_mlx_lm_strategy_checkpoints_its_class_only_while_its_step_runs():
     assert cls.__dict__["__call__"] is plain
 
 
-def test_nuvec_strategy_checkpoints_every_block_while_its_step_runs():
-    case = Case(TINY, "nuvec")
+@pytest.mark.parametrize("strategy, head", [("nuvec", ["chunk"] * 2), ("nuvec-unchunked", [])])
+def test_nuvecs_steps_stage_every_block_its_update_and_the_chunked_head(strategy, head):
+    """The head here is one chunk (64 tokens of vocabulary over a width of 32): its forward and backward."""
+    case = Case(TINY, strategy)
     with nv.memory.timeline() as t:
         case.evaluate(case.step(case.batch(32)))
-    assert [r.kind for r in t.readings] == ["forward"] * 2 + ["backward", "update"] * 2 + ["outputs"]
-    assert not any(nv.is_checkpointed(b) for b in case.model.layers)
+    assert [r.kind for r in t.readings] == ["forward"] * 2 + head + ["backward", "update"] * 2 + ["outputs"]
 
 
-@pytest.mark.parametrize("field, value, error", [("mode", "dora", ValueError), ("batch", 0, ValueError),
-                                                 ("seq", 1.5, TypeError), ("dtype", "int8", ValueError),
-                                                 ("lora_dropout", 1.0, ValueError)])
-def test_train_workload_names_the_field_that_is_wrong(field, value, error):
-    with pytest.raises(error, match=field):
-        TrainWorkload(**{**TINY.__dict__, field: value})
+@pytest.mark.parametrize("strategy", ["nuvec", "mlx-lm"])
+def test_a_timed_step_adds_its_dispatch_and_evaluation_to_the_cases_parts(strategy):
+    case = Case(TINY, strategy)
+    step, evaluate = case.timed(case.batch(32))
+    evaluate(step())
+    before = case.parts.snapshot()
+    evaluate(step())
+    parts = case.parts.mean_since(before)
+    assert set(parts) == {"dispatch", "evaluation"} and all(v > 0 for v in parts.values())
+    if strategy == "nuvec":  # the TrainingStep's own account of its last call
+        assert parts == {"dispatch": case.training.dispatch_seconds, "evaluation": case.training.evaluation_seconds}
 
 
-# --- train.py and train_report.py -------------------------------------------------------
+@pytest.mark.parametrize(
+    "fields, error, message",
+    [
+        (dict(mode="dora"), ValueError, "mode"),
+        (dict(batch=0), ValueError, "batch"),
+        (dict(seq=1.5), TypeError, "seq"),
+        (dict(dtype="int8"), ValueError, "dtype"),
+        (dict(lora_dropout=1.0), ValueError, "lora_dropout"),
+        (dict(model="gpt-2"), ValueError, "model must be one of"),
+        (dict(hidden=None), ValueError, "hidden and layers"),
+        (dict(model="qwen3-0.6b", layers=None), ValueError, "hidden and vocab must be None for qwen3-0.6b"),
+        (dict(model="qwen3-0.6b", hidden=None, vocab=None, layers=40), ValueError, "layers must be from 1"),
+    ],
+)
+def test_train_workload_names_the_field_that_is_wrong(fields, error, message):
+    with pytest.raises(error, match=message):
+        TrainWorkload(**{**TINY.__dict__, **fields})
+
+
+def test_a_public_workload_takes_the_configuration_and_fewer_layers():
+    w = TrainWorkload("gemma-3-1b", batch=1, seq=16, layers=6)
+    assert w.config() == testing.public_config("gemma-3-1b", 6) and w.label().startswith("gemma-3-1b lora L=6 B=1")
+
+
+# --- train/report.py and train/command.py -----------------------------------------------
 
 
 def test_smallest_run_writes_table_json_markdown_and_the_plot(tmp_path, capsys, compiled):
-    argv = [*SMALLEST, "--modes", "lora", "--memory", "3", "--seqs", "32,64", "--seq-step", "32", "--max-seq", "128",
-            "--out", str(tmp_path)]
-    assert train.main(argv) == 0
+    argv = [
+        *SMALLEST,
+        "--modes",
+        "lora",
+        "--memory",
+        "3,4MiB",
+        "--seqs",
+        "32,64,96",
+        "--seq-step",
+        "32",
+        "--max-seq",
+        "128",
+        "--out",
+        str(tmp_path),
+    ]
+    assert command.main(argv) == 0
     out = capsys.readouterr().out
-    assert "| llama lora H=32 L=2 B=2 T=32 bfloat16 | nuvec |" in out and "nuvec / mlx-lm: peak" in out
+    assert "| llama lora H=32 V=64 L=2 B=2 T=32 bfloat16 | nuvec |" in out and "- llama lora" in out
+    assert (
+        "dispatch ms (min–max) | evaluation ms (min–max) | tokens/s | largest seq in 3MiB | largest seq in 4MiB |"
+        in out
+    )
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["environment"]["command"].startswith("nuvec-mlx-bench-train --hidden 32")
     rows = {r["strategy"]: r for r in data["rows"]}
     assert sorted(rows) == sorted(STRATEGIES)
     for r in rows.values():
-        assert sorted(int(s) for s in r["sweep"]) == [32, 64]
-        assert 0 <= r["largest_seq"] <= 128 and r["largest_seq"] % 32 == 0
-        fitting = [int(s) for s, p in r["search"].items() if r["resident"] + p <= 3 << 20]
-        assert r["largest_seq"] == max(fitting, default=0)  # the largest length measured to fit
+        assert sorted(int(s) for s in r["sweep"]) == [32, 64, 96]
+        assert set(r["largest_seq"]) == {"3MiB", "4MiB"} and r["largest_seq"]["3MiB"] <= r["largest_seq"]["4MiB"]
+        for size, memory in (("3MiB", 3 * MiB), ("4MiB", 4 * MiB)):
+            peaks = {int(s): p for s, p in {**r["sweep"], **r["search"]}.items()}
+            fitting = [s for s, p in peaks.items() if r["resident"] + p <= memory and s % 32 == 0]
+            assert r["largest_seq"][size] == max(fitting, default=0)  # the largest length measured to fit
         assert r["tokens_per_s"] == pytest.approx(2 * 32 / r["time"]["median"])
+        assert set(r["parts"]) == {"dispatch", "evaluation"} and r["parts"]["dispatch"]["median"] > 0
+        assert set(r["growth"]) == {"constant", "per_token", "per_token_squared", "max_residual"}
     assert rows["none"]["peak_vs_none"] == 1 and rows["mlx-lm"]["peak_vs_mlx-lm"] == 1
+    assert rows["nuvec-unchunked"]["peak_vs_nuvec-unchunked"] == 1
     assert (tmp_path / "peak_vs_seq.png").stat().st_size > 0
     assert "peak_vs_seq.png" in (tmp_path / "results.md").read_text()
 
 
-def test_installed_command_is_the_train_benchmark():
-    scripts = {e.name: e.value for e in importlib.metadata.entry_points(group="console_scripts")}
-    assert scripts["nuvec-mlx-bench-train"] == "nuvec_mlx_bench.train:main"
+@pytest.mark.slow
+def test_a_public_configuration_runs_shallow_end_to_end(tmp_path, compiled):
+    argv = [
+        "--configs",
+        "qwen3-0.6b",
+        "--layers",
+        "1",
+        "--modes",
+        "lora",
+        "--strategies",
+        "none,nuvec",
+        "--seq",
+        "32",
+        "--batch",
+        "1",
+        "--repeats",
+        "1",
+        "--memory",
+        "0",
+        "--seqs",
+        "",
+        "--out",
+        str(tmp_path),
+    ]
+    got = command.run(argv)
+    assert [r["label"] for r in got] == ["qwen3-0.6b lora L=1 B=1 T=32 bfloat16"] * 2
+    assert got[1]["peak_vs_none"] > 0 and "largest_seq" not in got[1]
 
 
 def test_target_check_says_met_or_by_how_much_it_missed():
-    assert train_report._check("peak", 0.5, "<=", 0.6) == "peak 0.50 (target <= 0.6: met)"
-    assert train_report._check("largest seq", 1.25, ">=", 1.5) == "largest seq 1.25 (target >= 1.5: MISSED by 0.25)"
+    assert report._check("peak", 0.25, "<=", 0.3) == "peak 0.25 (target <= 0.3: met)"
+    assert report._check("largest seq", 2.5, ">=", 3) == "largest seq 2.50 (target >= 3: MISSED by 0.50)"
 
 
-def test_h200_suite_is_the_issues_target_sizes():
-    args = train.parse_args(["--suite", "h200"])
-    assert (args.hidden, args.layers, args.seq, args.batch, args.dtype, args.memory) == (
-        2048, 16, 2048, 4, "bfloat16", 16 * 1024)
-    assert args.archs == ["llama", "qwen3_moe"] and args.modes == ["full", "lora", "qlora"]
+def test_h200_suite_is_the_issues_public_configurations_and_memories():
+    args = command.parse_args(["--suite", "h200"])
+    assert [(w.model, w.mode, w.layers) for w in args.workloads] == [
+        (c, m, None) for c in ("llama-3.2-1b", "qwen3-0.6b", "gemma-3-1b") for m in ("full", "lora")
+    ]
+    assert (args.seq, args.batch, args.dtype, args.memory) == (2048, 4, "bfloat16", [8 << 30, 16 << 30, 32 << 30])
+    assert args.seqs[-1] == 8192 and {"none", "mlx-lm", "nuvec", "nuvec-unchunked"} == set(args.strategies)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--strategies", "mlx-lm,nuvec"], "none included"),
-    (["--strategies", "none,mx"], "choose from"),
-    (["--archs", "mamba"], "arch must be one of"),
-    (["--hidden", "48"], "multiple of 32"),
-    (["--modes", "dora"], "mode must be one of"),
-    (["--repeats", "0"], "--repeats must be >= 1"),
-    (["--budget", "1", "--strategies", "none,mlx-lm"], "only nuvec evaluates with nv.eval"),
-    (["--memory", "-1"], "--memory must be >= 0"),
-])
+def test_configs_alone_run_no_architecture_and_archs_alone_no_configuration():
+    args = command.parse_args(
+        ["--suite", "h200", "--archs", "qwen3", "--hidden", "1024", "--layers", "28", "--vocab", "151936"]
+    )
+    assert {(w.model, w.hidden, w.layers, w.vocab) for w in args.workloads} == {("qwen3", 1024, 28, 151936)}
+    args = command.parse_args(["--configs", "qwen3-0.6b,smollm2-1.7b", "--layers", "2", "--modes", "full"])
+    assert [(w.model, w.layers) for w in args.workloads] == [("qwen3-0.6b", 2), ("smollm2-1.7b", 2)]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--strategies", "mlx-lm,nuvec"], "none included"),
+        (["--strategies", "none,mx"], "choose from"),
+        (["--archs", "mamba"], "model must be one of"),
+        (["--configs", "gpt-2"], "--configs: unknown ['gpt-2']"),
+        (["--hidden", "48"], "multiple of 32"),
+        (["--modes", "dora"], "mode must be one of"),
+        (["--repeats", "0"], "--repeats: must be an int >= 1"),
+        (["--throttle", "1", "--strategies", "none,mlx-lm"], "only nuvec's steps evaluate with nv.eval"),
+        (["--memory", "-1"], "--memory sizes"),
+        (["--memory", "16GB!"], "--memory sizes"),
+        (["--configs", "gemma-3-1b", "--layers", "2"], "layers must be from 6"),
+    ],
+)
 def test_an_option_no_workload_can_take_is_an_error(capsys, argv, message):
     with pytest.raises(SystemExit):
-        train.parse_args(argv)
+        command.parse_args(argv)
     assert message in capsys.readouterr().err

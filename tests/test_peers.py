@@ -13,22 +13,28 @@ import sys
 
 import pytest
 
-from nuvec_mlx_bench import peers, results, rounds
+from nuvec_mlx_bench import peers
+from nuvec_mlx_bench.core import rounds
 from nuvec_mlx_bench.peers import peak_probes, process
-from nuvec_mlx_bench.workload import MODELS, Workload
+from nuvec_mlx_bench.seed import rows
+from nuvec_mlx_bench.seed.workload import MODELS, Workload
 
 MiB = 1 << 20
 
 
 def tiny(model: str = "mlp", weight_grads: bool = False) -> Workload:
-    return Workload(model, batch=8, dim=16, blocks=3, seq=4 if model == "transformer" else 1,
-                    weight_grads=weight_grads)
+    return Workload(model, batch=8, dim=16, blocks=3, seq=4 if model == "transformer" else 1, weight_grads=weight_grads)
 
 
 def peer_process(*args: str) -> dict:
     """Run ``python -m nuvec_mlx_bench.peers`` as run_isolated does and return its JSON line."""
-    proc = subprocess.run([sys.executable, "-m", "nuvec_mlx_bench.peers", *args],
-                          env={**os.environ, **peak_probes.ENV}, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "nuvec_mlx_bench.peers", *args],
+        env={**os.environ, **peak_probes.ENV},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.splitlines()[-1])
 
@@ -69,8 +75,14 @@ def test_torch_compile_step_matches_mlx():
 @pytest.mark.parametrize("peer", ["torch-eager", "jax-jit"])
 def test_check_path_checks_the_transformers_weight_gradients(peer):
     pytest.importorskip(peers.FRAMEWORKS[peer])
-    r = peer_process("--peer", peer, "--check", "--strategy", "checkpoint",
-                     *process.workload_args(tiny("transformer", weight_grads=True)))
+    r = peer_process(
+        "--peer",
+        peer,
+        "--check",
+        "--strategy",
+        "checkpoint",
+        *process.workload_args(tiny("transformer", weight_grads=True)),
+    )
     assert len(r["errors"]) == 3 * 4 + 2 and r["max_error"] <= 1e-4, r
 
 
@@ -80,7 +92,7 @@ def test_check_path_checks_the_transformers_weight_gradients(peer):
 def test_rss_probe_reads_a_known_allocation_not_what_was_held_before():
     code = """
 import json
-from nuvec_mlx_bench import rounds
+from nuvec_mlx_bench.core import rounds
 from nuvec_mlx_bench.peers import peak_probes
 held = b"\\x01" * (32 << 20)
 probe = peak_probes.RssProbe()
@@ -90,8 +102,9 @@ def step():
     return [b"\\x03" * (4 << 20) for _ in range(16)]
 print(json.dumps(rounds.measure({"step": (step, lambda out: None)}, 3, probe)["step"]))
 """
-    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, **peak_probes.ENV},
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, **peak_probes.ENV}, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)
     assert 63.5 * MiB <= r["peak"]["min"] <= r["peak"]["median"] <= r["peak"]["max"] <= 65 * MiB, r
@@ -163,8 +176,10 @@ def test_calibration_reads_64_mib(peer):
 
 
 def test_peer_process_never_imports_mlx():
-    code = ("import sys, nuvec_mlx_bench.peers.process, nuvec_mlx_bench.peers.torch_peer, "
-            "nuvec_mlx_bench.peers.jax_peer; print(sorted(m for m in sys.modules if m.split('.')[0] == 'mlx'))")
+    code = (
+        "import sys, nuvec_mlx_bench.peers.process, nuvec_mlx_bench.peers.torch_peer, "
+        "nuvec_mlx_bench.peers.jax_peer; print(sorted(m for m in sys.modules if m.split('.')[0] == 'mlx'))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
@@ -195,7 +210,8 @@ def test_run_isolated_returns_errors_as_data(tmp_path):
     missing.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'jax'\" >&2\nexit 1\n")
     missing.chmod(0o755)
     assert process.run_isolated("jax-jit", tiny(), python=str(missing)) == {
-        "error": "ModuleNotFoundError: No module named 'jax'"}
+        "error": "ModuleNotFoundError: No module named 'jax'"
+    }
     slow = tmp_path / "python-that-hangs"
     slow.write_text("#!/bin/sh\nsleep 30 &\nsleep 30\n")
     slow.chmod(0o755)
@@ -205,8 +221,8 @@ def test_run_isolated_returns_errors_as_data(tmp_path):
 def test_a_peers_row_has_the_shape_of_an_mlx_row():
     pytest.importorskip("jax")
     measured = process.run_isolated("jax-jit", tiny(), "checkpoint", repeats=2)
-    row = results.row("strategies", "jax-jit", "checkpoint", tiny(), measured)
-    mlx_row = results.row("strategies", "mlx", "nuvec", tiny(), results.measured([1, 1], [1.0, 1.0], 0))
+    row = rows.row("strategies", "jax-jit", "checkpoint", tiny(), measured)
+    mlx_row = rows.row("strategies", "mlx", "nuvec", tiny(), rounds.measured([1, 1], [1.0, 1.0], 0))
     assert set(mlx_row) <= set(row)
     assert len(row["peak"]["repeats"]) == 2 and row["peak"]["median"] > 0 and row["xla_temp_bytes"] > 0
     assert {"method", "version", "device"} <= set(row)

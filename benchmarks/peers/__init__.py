@@ -6,7 +6,7 @@
 
 Each prints one JSON line (:mod:`.process`, which also launches them: the
 peers' processes get :data:`.peak_probes.ENV` and never import MLX). The
-peers build the :class:`~nuvec_mlx_bench.workload.Workload`'s models
+peers build the :class:`~nuvec_mlx_bench.seed.workload.Workload`'s models
 (:mod:`.models`, written once for both frameworks; same blocks, shapes and
 values as MLX) and take the same step: the gradients of ``sum(blocks(x))``
 with respect to the input (or the input and every weight), followed by the

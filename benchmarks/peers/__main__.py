@@ -2,6 +2,6 @@
 
 import sys
 
-from nuvec_mlx_bench.peers.process import main
+from .process import main
 
 sys.exit(main())

@@ -13,9 +13,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from nuvec_mlx_bench.peers import PEERS
-from nuvec_mlx_bench.rounds import Probe
-from nuvec_mlx_bench.workload import Workload
+from ..core.rounds import Probe
+from ..seed.workload import Workload
+from . import PEERS
 
 
 class Framework(Protocol):
@@ -64,9 +64,9 @@ def load(peer: str) -> Framework:
     if peer not in PEERS:
         raise ValueError(f"peer must be one of {PEERS}, got {peer!r}")
     if peer == "jax-jit":
-        from nuvec_mlx_bench.peers.jax_peer import Jax
+        from .jax_peer import Jax
 
         return Jax()
-    from nuvec_mlx_bench.peers.torch_peer import Torch
+    from .torch_peer import Torch
 
     return Torch(compiled=peer == "torch-compile")

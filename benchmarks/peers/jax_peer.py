@@ -8,12 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from nuvec_mlx_bench.inputs import host_inputs
-from nuvec_mlx_bench.peers.framework import cpu_name
-from nuvec_mlx_bench.peers.models import LN_EPS, Ops, loss
-from nuvec_mlx_bench.peers.peak_probes import JaxStatsProbe, RssProbe
-from nuvec_mlx_bench.rounds import Probe
-from nuvec_mlx_bench.workload import Workload
+from ..core.rounds import Probe
+from ..seed.workload import Workload, host_inputs
+from .framework import cpu_name
+from .models import LN_EPS, Ops, loss
+from .peak_probes import JaxStatsProbe, RssProbe
 
 
 class Jax:
@@ -36,8 +35,9 @@ class Jax:
             return (x - mean) * jax.lax.rsqrt(((x - mean) ** 2).mean(-1, keepdims=True) + LN_EPS)
 
         def attention(q: Any, k: Any, v: Any) -> Any:
-            a = jax.nn.dot_product_attention(q[:, :, None], k[:, :, None], v[:, :, None],
-                                             scale=q.shape[-1] ** -0.5, is_causal=True)
+            a = jax.nn.dot_product_attention(
+                q[:, :, None], k[:, :, None], v[:, :, None], scale=q.shape[-1] ** -0.5, is_causal=True
+            )
             return a[:, :, 0]
 
         self.ops = Ops(
@@ -69,8 +69,9 @@ class Jax:
         weights = [self.jax.device_put(w, self.device) for w in host_weights]
         x = self.jax.device_put(host_x, self.device)
         loss_of = functools.partial(loss, self.ops, workload, strategy, self.jax.checkpoint)
-        value_and_grad = self.jax.value_and_grad(lambda ws, x: loss_of(x, ws),
-                                                 argnums=(0, 1) if workload.weight_grads else 1)
+        value_and_grad = self.jax.value_and_grad(
+            lambda ws, x: loss_of(x, ws), argnums=(0, 1) if workload.weight_grads else 1
+        )
 
         def step(ws: list, x: Any) -> list:
             value, grads = value_and_grad(ws, x)
@@ -80,8 +81,7 @@ class Jax:
         analysis = compiled.memory_analysis()
         extra = {"step": "jax.jit of jax.value_and_grad, compiled ahead of time"}
         if analysis is not None:
-            extra |= {"xla_temp_bytes": analysis.temp_size_in_bytes,
-                      "xla_output_bytes": analysis.output_size_in_bytes}
+            extra |= {"xla_temp_bytes": analysis.temp_size_in_bytes, "xla_output_bytes": analysis.output_size_in_bytes}
         return lambda: compiled(weights, x), extra
 
     def allocation(self, nbytes: int) -> Callable[[], Any]:

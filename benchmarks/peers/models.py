@@ -1,8 +1,8 @@
 """The benchmark's blocks written once for PyTorch and JAX, through the few operations they need.
 
-Each block is the counterpart of :mod:`nuvec_mlx_bench.workloads`' MLX block;
+Each block is the counterpart of the MLX block of :data:`nuvec_mlx.testing.BLOCK_FUNCTIONS`;
 :class:`Ops` supplies one framework's operations, and :func:`loss` chains the
-blocks of a :class:`~nuvec_mlx_bench.workload.Workload`.
+blocks of a :class:`~nuvec_mlx_bench.seed.workload.Workload`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from nuvec_mlx_bench.workload import Workload
+from ..seed.workload import Workload
 
 #: The layer norms' epsilon (MLX's blocks use the same).
 LN_EPS = 1e-5
@@ -30,14 +30,14 @@ class Ops:
 
 
 def mlp_block(ops: Ops, x: Any, w1: Any, w2: Any) -> Any:
-    """workloads.mlp_block: a wide two-layer MLP with a residual."""
+    """nuvec_mlx.testing.mlp_block: a wide two-layer MLP with a residual."""
     h = ops.tanh(x @ w1)
     h = ops.tanh(h * h)
     return x + ops.tanh(h @ w2)
 
 
 def transformer_block(ops: Ops, x: Any, wqkv: Any, wo: Any, w1: Any, w2: Any) -> Any:
-    """workloads.transformer_block: pre-norm causal single-head attention, then a 4x gelu MLP."""
+    """nuvec_mlx.testing.transformer_block: pre-norm causal single-head attention, then a 4x gelu MLP."""
     q, k, v = ops.split3(ops.layer_norm(x) @ wqkv)
     x = x + ops.causal_attention(q, k, v) @ wo
     return x + ops.gelu(ops.layer_norm(x) @ w1) @ w2
@@ -46,8 +46,9 @@ def transformer_block(ops: Ops, x: Any, wqkv: Any, wo: Any, w1: Any, w2: Any) ->
 BLOCKS = {"mlp": mlp_block, "transformer": transformer_block}
 
 
-def loss(ops: Ops, workload: Workload, strategy: str, remat: Callable[[Callable], Callable],
-         x: Any, weights: Sequence[Any]) -> Any:
+def loss(
+    ops: Ops, workload: Workload, strategy: str, remat: Callable[[Callable], Callable], x: Any, weights: Sequence[Any]
+) -> Any:
     """``sum(blocks(x))``, each block wrapped by ``remat`` under strategy ``checkpoint``.
 
     Example:

@@ -4,7 +4,7 @@ Peaks are read from the framework's own allocator on a GPU (PyTorch's
 :class:`TorchCudaProbe`; JAX's, whose peak cannot be reset, through a padding
 buffer: :class:`JaxStatsProbe`) and from the process's resident high-water
 mark on a CPU, where neither framework counts its peak (:class:`RssProbe`).
-Each is a :class:`nuvec_mlx_bench.rounds.Probe`, and every result says how
+Each is a :class:`nuvec_mlx_bench.core.rounds.Probe`, and every result says how
 its peak was read in ``method``.
 """
 
@@ -55,14 +55,18 @@ class RssProbe:
     process touches.
     """
 
-    method = ("resident high-water mark: VmHWM minus VmRSS before the step, the mark reset through "
-              "/proc/self/clear_refs; glibc unmapping freed buffers of 64 KiB and more "
-              "(MALLOC_MMAP_THRESHOLD_=65536), its free heap trimmed first")
+    method = (
+        "resident high-water mark: VmHWM minus VmRSS before the step, the mark reset through "
+        "/proc/self/clear_refs; glibc unmapping freed buffers of 64 KiB and more "
+        "(MALLOC_MMAP_THRESHOLD_=65536), its free heap trimmed first"
+    )
 
     def __init__(self) -> None:
         if os.environ.get("MALLOC_MMAP_THRESHOLD_") != ENV["MALLOC_MMAP_THRESHOLD_"]:
-            raise RuntimeError("a resident-set peak needs the process started with MALLOC_MMAP_THRESHOLD_="
-                               f"{ENV['MALLOC_MMAP_THRESHOLD_']} (run_isolated sets it)")
+            raise RuntimeError(
+                "a resident-set peak needs the process started with MALLOC_MMAP_THRESHOLD_="
+                f"{ENV['MALLOC_MMAP_THRESHOLD_']} (run_isolated sets it)"
+            )
         self.notes: dict[str, Any] = {"time_note": "glibc mmap threshold 32 MiB, trim threshold 64 MiB"}
         self._libc = ctypes.CDLL(None)
         self._base = 0
@@ -83,8 +87,10 @@ class RssProbe:
 class TorchCudaProbe:
     """PyTorch's CUDA caching allocator: its peak of allocated bytes, reset before the step."""
 
-    method = ("torch.cuda.max_memory_allocated() minus memory_allocated() before the step, after "
-              "synchronize, empty_cache and reset_peak_memory_stats")
+    method = (
+        "torch.cuda.max_memory_allocated() minus memory_allocated() before the step, after "
+        "synchronize, empty_cache and reset_peak_memory_stats"
+    )
 
     def __init__(self, torch: Any) -> None:
         self.cuda = torch.cuda
@@ -120,8 +126,10 @@ class JaxStatsProbe:
     which XLA's own plan (``xla_temp_bytes`` + ``xla_output_bytes``) does not.
     """
 
-    method = ("device.memory_stats(): peak_bytes_in_use after the step minus bytes_in_use before it; "
-              "JAX cannot reset the peak, so a padding buffer first brings bytes_in_use up to it")
+    method = (
+        "device.memory_stats(): peak_bytes_in_use after the step minus bytes_in_use before it; "
+        "JAX cannot reset the peak, so a padding buffer first brings bytes_in_use up to it"
+    )
 
     def __init__(self, jax: Any, device: Any) -> None:
         self.jax, self.device = jax, device

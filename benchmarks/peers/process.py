@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from nuvec_mlx_bench import rounds
-from nuvec_mlx_bench.peers import PEERS, STRATEGIES
-from nuvec_mlx_bench.peers.framework import load
-from nuvec_mlx_bench.peers.peak_probes import ENV
-from nuvec_mlx_bench.workload import MODELS, Workload
+from ..core import rounds
+from ..seed.workload import MODELS, Workload
+from . import PEERS, STRATEGIES
+from .framework import load
+from .peak_probes import ENV
 
 #: How the command line spells each workload field's type.
 FIELD_TYPES = {"str": str, "int": int, "bool": bool}
@@ -61,12 +61,12 @@ def calibrate(peer: str, mib: int, repeats: int) -> dict[str, Any]:
 
 
 def mlx_outputs(workload: Workload) -> list[np.ndarray]:
-    """The same step in MLX: ``workloads.build("none")``, uncompiled (imports MLX)."""
+    """The same step in MLX: ``seed.strategies.build("none")``, uncompiled (imports MLX)."""
     import mlx.core as mx
 
-    from nuvec_mlx_bench import workloads
+    from ..seed import strategies
 
-    sc = workloads.build("none", dataclasses.replace(workload, compiled=False))
+    sc = strategies.build("none", dataclasses.replace(workload, compiled=False))
     outputs = sc.step(sc.inputs)
     mx.eval(outputs)
     return [np.array(o) for o in outputs]
@@ -96,8 +96,14 @@ def workload_args(workload: Workload) -> list[str]:
     return args
 
 
-def run_isolated(peer: str, workload: Workload, strategy: str = "none", repeats: int = 3,
-                 python: str = sys.executable, timeout: float = 1800) -> dict[str, Any]:
+def run_isolated(
+    peer: str,
+    workload: Workload,
+    strategy: str = "none",
+    repeats: int = 3,
+    python: str = sys.executable,
+    timeout: float = 1800,
+) -> dict[str, Any]:
     """Measure one peer's step in a fresh ``python`` process; failures come back as ``{"error": ...}``.
 
     Args:
@@ -112,18 +118,34 @@ def run_isolated(peer: str, workload: Workload, strategy: str = "none", repeats:
     Returns:
         :func:`measure_peer`'s dict (``peak``, ``time``, ``warmup_s``,
         ``method``, ``version``, ``device`` and more), for
-        :func:`nuvec_mlx_bench.results.row`.
+        :func:`nuvec_mlx_bench.seed.rows.row`.
 
     Example:
         >>> run_isolated("jax-jit", Workload("mlp", 8, 16, 3), "checkpoint")["peak"]["median"]
     """
     if peer not in PEERS:
         return {"error": f"unknown peer {peer!r}"}
-    cmd = [python, "-m", "nuvec_mlx_bench.peers", "--peer", peer, "--strategy", strategy,
-           "--repeats", str(repeats), *workload_args(workload)]
+    cmd = [
+        python,
+        "-m",
+        "nuvec_mlx_bench.peers",
+        "--peer",
+        peer,
+        "--strategy",
+        strategy,
+        "--repeats",
+        str(repeats),
+        *workload_args(workload),
+    ]
     try:
-        proc = subprocess.Popen(cmd, env={**os.environ, **ENV}, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            env={**os.environ, **ENV},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
     except OSError as e:
         return {"error": f"cannot run {python}: {e.strerror or e}"}
     try:

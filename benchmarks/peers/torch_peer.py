@@ -8,12 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from nuvec_mlx_bench.inputs import host_inputs
-from nuvec_mlx_bench.peers.framework import cpu_name
-from nuvec_mlx_bench.peers.models import LN_EPS, Ops, loss
-from nuvec_mlx_bench.peers.peak_probes import RssProbe, TorchCudaProbe
-from nuvec_mlx_bench.rounds import Probe
-from nuvec_mlx_bench.workload import Workload
+from ..core.rounds import Probe
+from ..seed.workload import Workload, host_inputs
+from .framework import cpu_name
+from .models import LN_EPS, Ops, loss
+from .peak_probes import RssProbe, TorchCudaProbe
 
 
 class Torch:
@@ -29,8 +28,9 @@ class Torch:
         self.remat = lambda f: lambda *xs: checkpoint(f, *xs, use_reentrant=False)
 
         def attention(q: Any, k: Any, v: Any) -> Any:
-            a = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], is_causal=True,
-                                               scale=q.shape[-1] ** -0.5)
+            a = F.scaled_dot_product_attention(
+                q[:, None], k[:, None], v[:, None], is_causal=True, scale=q.shape[-1] ** -0.5
+            )
             return a[:, 0]
 
         self.ops = Ops(
@@ -47,8 +47,7 @@ class Torch:
             "version": f"torch {self.torch.__version__}",
             "device": self.torch.cuda.get_device_name(self.device) if cuda else cpu_name(),
             "threads": self.torch.get_num_threads(),
-            "matmul": "float32 (TF32 off)" if not cuda or not self.torch.backends.cuda.matmul.allow_tf32
-            else "TF32",
+            "matmul": "float32 (TF32 off)" if not cuda or not self.torch.backends.cuda.matmul.allow_tf32 else "TF32",
         }
 
     def probe(self) -> Probe:
@@ -74,9 +73,12 @@ class Torch:
             value = forward(x, weights)
             return [*self.torch.autograd.grad(value, wrt), value.detach()]
 
-        how = ("torch.compile (inductor, default mode) of the forward and loss, backward by "
-               "torch.autograd.grad through AOTAutograd's compiled backward" if self.compiled
-               else "eager, backward by torch.autograd.grad")
+        how = (
+            "torch.compile (inductor, default mode) of the forward and loss, backward by "
+            "torch.autograd.grad through AOTAutograd's compiled backward"
+            if self.compiled
+            else "eager, backward by torch.autograd.grad"
+        )
         return step, {"step": how}
 
     def allocation(self, nbytes: int) -> Callable[[], Any]:

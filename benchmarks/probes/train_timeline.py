@@ -1,11 +1,11 @@
-"""Throw-away probe: where in a fine-tuning step does nuvec's staged evaluation peak?
+"""Probe: where in a fine-tuning step does nuvec's staged evaluation peak?
 
 Prints the memory timeline (``nv.memory.timeline``) of one warm step of a strategy of the
-fine-tuning benchmark (``benchmarks/train_steps.py``), at the ``cpu`` suite's sizes unless told:
-active memory after each stage and the peak during it, in MiB above the memory active before
-the step. Ran at the commit named in ``../results/cpu/train/README.md``::
+fine-tuning benchmark (``nuvec_mlx_bench.train.cases``), at the ``cpu`` suite's sizes (an
+architecture at hidden 64, 4 layers, vocabulary 256, batch 2 x 128 tokens): active memory after
+each stage and the peak during it, in MiB above the memory active before the step::
 
-    python benchmarks/probes/train_timeline.py qwen3_moe full float32 [nuvec-inf]
+    python benchmarks/probes/train_timeline.py qwen3_moe full float32 [nuvec]
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import sys
 import mlx.core as mx
 
 import nuvec_mlx as nv
-from nuvec_mlx_bench.train_steps import Case, TrainWorkload
+from nuvec_mlx_bench.train.cases import Case, TrainWorkload
 
 
-def main(arch: str, mode: str, dtype: str, strategy: str = "nuvec-inf") -> None:
-    case = Case(TrainWorkload(arch, 64, 4, batch=2, seq=128, dtype=dtype, mode=mode, vocab=256), strategy)
+def main(arch: str, mode: str, dtype: str, strategy: str = "nuvec") -> None:
+    case = Case(TrainWorkload(arch, batch=2, seq=128, hidden=64, layers=4, vocab=256, dtype=dtype, mode=mode), strategy)
     batch = case.batch(128)
     case.evaluate(case.step(batch))  # compiles
     mx.synchronize()
