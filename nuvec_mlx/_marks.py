@@ -34,9 +34,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
-from . import _depends
+from . import _depends, _pytree
 
 _collector: contextvars.ContextVar[list[mx.array] | None] = contextvars.ContextVar("nuvec_mlx_stages", default=None)
 
@@ -94,7 +93,7 @@ def _warn_if_updated_unstaged(step: _Step) -> None:
     if step.optimizers:
         return
     for module, before in step.parameters.values():
-        if [id(a) for _, a in tree_flatten(module.trainable_parameters())] != before:
+        if [id(a) for _, a in _pytree.flatten(module.trainable_parameters())] != before:
             warnings.warn(
                 "the step replaced the parameters of checkpointed blocks outside nv.update (optimizer.update "
                 "inside nv.compile?): that update runs after the whole backward pass, with every gradient alive "
@@ -194,7 +193,7 @@ def mark(arrays: Sequence[mx.array], stage_kind: str, modules: Sequence[object] 
         for m in modules:
             params = getattr(m, "trainable_parameters", None)
             if params is not None and id(m) not in step.parameters:
-                step.parameters[id(m)] = (m, [id(a) for _, a in tree_flatten(params())])
+                step.parameters[id(m)] = (m, [id(a) for _, a in _pytree.flatten(params())])
     return _through(arrays, marker)
 
 

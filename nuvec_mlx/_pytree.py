@@ -69,9 +69,23 @@ def arrays(tree: Any) -> list[mx.array]:
     return tree_reduce(add, tree, [])
 
 
+def flatten(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> list[tuple[str, Any]]:
+    """:func:`mlx.utils.tree_flatten`: the ``(path, leaf)`` pairs of ``tree``, in order.
+
+    The package calls it here, not directly: MLX annotates its return as
+    ``list[tuple[str, Any]] | dict[str, Any]`` (a dict when one is passed as
+    ``destination``), so a type checker reads ``for k, v in tree_flatten(t)`` as
+    unpacking a dict's ``str`` keys. Given a list as ``destination`` (what it
+    makes itself when given none), it fills that list, typed as the list it is.
+    """
+    pairs: list[tuple[str, Any]] = []
+    tree_flatten(tree, is_leaf=is_leaf, destination=pairs)
+    return pairs
+
+
 def leaves(tree: Any) -> list[Any]:
     """The leaves of ``tree``, a module being a leaf (not the dict it also is)."""
-    return [v for _, v in tree_flatten(tree, is_leaf=_is_module)]
+    return [v for _, v in flatten(tree, is_leaf=_is_module)]
 
 
 def _rebuild(template: Any, leaves: list[Any]) -> Any:
@@ -131,8 +145,8 @@ class _Holding:
     def __init__(self, modules: list[nn.Module]):
         self.modules = modules
         self.trees = [_arrays(m) for m in modules]
-        trainable = {id(v) for m in modules for _, v in tree_flatten(m.trainable_parameters())}
-        self.arrays = [v for t in self.trees for _, v in tree_flatten(t)]
+        trainable = {id(v) for m in modules for _, v in flatten(m.trainable_parameters())}
+        self.arrays = [v for t in self.trees for _, v in flatten(t)]
         self.constants = [v for v in self.arrays if id(v) not in trainable]
 
     def run(self, values: list[mx.array], keep_updates: bool, call: Callable[[], Any]) -> Any:
@@ -151,7 +165,7 @@ class _Holding:
         finally:
             for m, g, h in zip(self.modules, given, held):
                 if keep_updates:
-                    put_back = {id(v): old for (_, v), (_, old) in zip(tree_flatten(g), tree_flatten(h))}
+                    put_back = {id(v): old for (_, v), (_, old) in zip(flatten(g), flatten(h))}
                     h = tree_map(lambda now, put_back=put_back: put_back.get(id(now), now), _arrays(m))
                 m.update(h, strict=False)
         return out

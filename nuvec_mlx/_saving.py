@@ -33,7 +33,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_unflatten
+from mlx.utils import tree_unflatten
 
 from . import _capture, _marks, _pytree, _validate
 
@@ -206,10 +206,10 @@ def _layer_call(cls: type) -> Callable:
         out = original(self, x)
         if run is None:
             return out
-        names = [k for k, _ in tree_flatten(self.trainable_parameters())]
+        names = [k for k, _ in _pytree.flatten(self.trainable_parameters())]
 
         def vjp_of() -> tuple[Callable, list[mx.array]]:
-            params = [v for _, v in tree_flatten(self.trainable_parameters())]
+            params = [v for _, v in _pytree.flatten(self.trainable_parameters())]
 
             def op(x: mx.array, *ps: mx.array) -> mx.array:
                 held = self.trainable_parameters()
@@ -273,7 +273,7 @@ def intercepting(fn: Callable) -> Callable:
     def run(*args: Any, **kwargs: Any) -> Any:
         given = [
             v
-            for _, v in tree_flatten((list(args), kwargs), is_leaf=lambda v: isinstance(v, nn.Module))
+            for _, v in _pytree.flatten((list(args), kwargs), is_leaf=lambda v: isinstance(v, nn.Module))
             if isinstance(v, nn.Module)
         ]
         with _layers_offering([*given, *reached]):

@@ -16,7 +16,8 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
-from mlx.utils import tree_flatten
+
+from . import _pytree
 
 
 def deprecated(old: str, new: str, stacklevel: int = 3) -> None:
@@ -75,8 +76,8 @@ def check_gradients(gradients: object, model: nn.Module) -> None:
             "gradients must be a dict of arrays mirroring model.trainable_parameters() (as nn.value_and_grad "
             f"returns them), got {type(gradients).__name__}"
         )
-    params = dict(tree_flatten(model.trainable_parameters()))
-    for name, g in tree_flatten(gradients):
+    params = dict(_pytree.flatten(model.trainable_parameters()))
+    for name, g in _pytree.flatten(gradients):
         if name not in params:
             raise ValueError(f"gradients has {name!r}, which is not a trainable parameter of model")
         if not isinstance(g, mx.array) or g.shape != params[name].shape:

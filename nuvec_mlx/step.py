@@ -19,7 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.nn.utils import average_gradients
-from mlx.utils import tree_flatten, tree_map, tree_unflatten
+from mlx.utils import tree_map, tree_unflatten
 
 from . import _ceiling, _marks, _pytree, _validate, evaluate
 from . import nn as nv_nn
@@ -67,7 +67,7 @@ def update(optimizer: optim.Optimizer, model: nn.Module, gradients: Any) -> None
     if not stage_of:
         return
     groups: dict[int, list[str]] = {}
-    params = dict(tree_flatten(model.trainable_parameters()))
+    params = dict(_pytree.flatten(model.trainable_parameters()))
     for name in params:
         # The last stage of a checkpointed module that holds it: the parameter's gradient is done there.
         found = [i for path, i in stage_of.items() if not path or name.startswith(path + ".")]

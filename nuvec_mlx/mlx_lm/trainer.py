@@ -28,7 +28,6 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
-from mlx.utils import tree_flatten
 
 try:
     from mlx_lm.tuner.callbacks import TrainingCallback
@@ -37,7 +36,7 @@ try:
 except ImportError as e:  # pragma: no cover - the extra is installed where this runs
     raise ImportError('nuvec_mlx.mlx_lm needs mlx-lm: pip install "nuvec-mlx[mlx-lm]"') from e
 
-from .. import _attention, _registry, _validate
+from .. import _attention, _pytree, _registry, _validate
 from ..evaluate import default_ahead
 from ..nn import checkpoint_module, is_checkpointed, restoring
 from ..planner import Plan
@@ -70,7 +69,7 @@ def training_step(
     def step(batch: tuple, prev_grad: Any, do_update: bool) -> tuple[mx.array, mx.array, Any]:
         ((value, tokens), grad), stages = traced(tuple(batch), {}, prev_grad, do_update)
         _registry.hand_on(
-            [a for _, a in tree_flatten([value, tokens, grad, training.state]) if isinstance(a, mx.array)], stages
+            [a for _, a in _pytree.flatten([value, tokens, grad, training.state]) if isinstance(a, mx.array)], stages
         )
         return value, tokens, grad
 
@@ -277,7 +276,7 @@ def _validate_model(model, val_dataset, args, loss, iterate_batches, callback, u
 
 def _save_adapters(model: nn.Module, adapter_file: str | Path, it: int | None = None) -> Path:
     """Save the trainable parameters to ``adapter_file`` (and, at iteration ``it``, a numbered copy)."""
-    weights = dict(tree_flatten(model.trainable_parameters()))
+    weights = dict(_pytree.flatten(model.trainable_parameters()))
     mx.save_safetensors(str(adapter_file), weights)
     if it is None:
         return Path(adapter_file)

@@ -33,10 +33,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 from tqdm import tqdm
 
-from .. import _policies, _validate
+from .. import _policies, _pytree, _validate
 from ..nn import find_layers
 from ..policies import Policy, save_everything, save_matmuls, save_nothing
 from ..step import TrainingStep
@@ -73,7 +72,7 @@ class _Rule:
 def _groups(blocks: Sequence[nn.Module], keeps: Sequence[int]) -> list[tuple]:
     """Blocks alike (class, parameter shapes, what they keep): their costs are pooled."""
     return [
-        (type(b).__name__, tuple(tuple(v.shape) for _, v in tree_flatten(b.trainable_parameters())), k // 4096)
+        (type(b).__name__, tuple(tuple(v.shape) for _, v in _pytree.flatten(b.trainable_parameters())), k // 4096)
         for b, k in zip(blocks, keeps, strict=True)
     ]
 

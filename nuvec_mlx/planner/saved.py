@@ -37,7 +37,6 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 
 from .. import _policies, _pytree, _saving, _validate
 from .. import nn as nv_nn
@@ -281,8 +280,8 @@ def _export(block: nn.Module, args: tuple, kwargs: dict) -> tuple[list[Saved], i
         return exporting
 
     # The flat inputs: the arguments' arrays, then the arrays of the modules the call reaches.
-    n_args = sum(isinstance(v, mx.array) for _, v in tree_flatten((list(args), kwargs)))
-    trainable = {id(v) for _, v in tree_flatten(block.trainable_parameters())}
+    n_args = sum(isinstance(v, mx.array) for _, v in _pytree.flatten((list(args), kwargs)))
+    trainable = {id(v) for _, v in _pytree.flatten(block.trainable_parameters())}
     _pytree.call_flat(transform, lambda *a, **k: block(*a, **k), args, kwargs)
     events, outputs, arguments, weights, out_bytes = found[0]
     return residuals(events, outputs, arguments, weights), out_bytes
@@ -290,7 +289,7 @@ def _export(block: nn.Module, args: tuple, kwargs: dict) -> tuple[list[Saved], i
 
 def _kept(block: nn.Module, args: tuple, kwargs: dict, policy: Callable | None) -> list[Saved]:
     """What ``block`` keeps checkpointed with ``policy``: its array arguments and the policy's values."""
-    arrays = [a for _, a in tree_flatten((list(args), kwargs)) if isinstance(a, mx.array)]
+    arrays = [a for _, a in _pytree.flatten((list(args), kwargs)) if isinstance(a, mx.array)]
     kept = [
         Saved(tuple(a.shape), _dtype_name(a.dtype), a.nbytes, "argument")
         for a in arrays
@@ -384,7 +383,7 @@ def _saved_activations(
                 unchecked, out_bytes, error = *_export(b, a, k), None
             except (ValueError, RuntimeError) as e:
                 unchecked, error = None, str(e).splitlines()[0]
-                out_bytes = sum(o.nbytes for _, o in tree_flatten(b(*a, **k)) if isinstance(o, mx.array))
+                out_bytes = sum(o.nbytes for _, o in _pytree.flatten(b(*a, **k)) if isinstance(o, mx.array))
             reports.append(
                 BlockReport(
                     j,
