@@ -53,7 +53,7 @@ _original: Callable[..., mx.array] | None = None
 def check(setting: object, name: str = "attention_chunk") -> int | str | None:
     """``setting`` if it is ``"auto"``, ``None`` (never chunk) or a chunk size (an int >= 1)."""
     if setting is None or setting == AUTO:
-        return setting  # type: ignore[return-value]
+        return setting
     if isinstance(setting, bool) or not isinstance(setting, int):
         raise TypeError(f"{name} must be 'auto', None or an int chunk size, got {setting!r}")
     return _validate.check_int(setting, name, minimum=1)
@@ -73,7 +73,8 @@ def trains_unfused(q: mx.array, k: mx.array, v: mx.array, causal: bool) -> bool:
     q_len, k_len, head, value = q.shape[2], k.shape[2], q.shape[-1], v.shape[-1]
     cudnn = (
         os.environ.get("MLX_CUDA_USE_CUDNN_SDPA", "1") != "0"
-        and mx.device_info().get("compute_capability_major", 0) >= 8
+        and isinstance(major := mx.device_info().get("compute_capability_major", 0), int)
+        and major >= 8
         and not (causal and q_len > k_len)
         and head % 8 == 0
         and head <= 128
@@ -140,4 +141,5 @@ def chunking(setting: int | str | None) -> Iterator[None]:
         with _lock:
             _users -= 1
             if _users == 0:
+                assert _original is not None  # saved when the first user came in
                 mx.fast.scaled_dot_product_attention = _original

@@ -76,13 +76,14 @@ def collecting() -> Iterator[list[mx.array]]:
     parameters of checkpointed blocks without :func:`updating` (an
     ``optimizer.update`` inside ``nv.compile``): that update is not staged.
     """
-    token = _collector.set([])
-    outermost = _step.get() is None
-    step_token = _step.set(_Step()) if outermost else None
+    stages: list[mx.array] = []
+    token = _collector.set(stages)
+    step = _Step() if _step.get() is None else None  # made by the outermost collector only
+    step_token = _step.set(step) if step is not None else None
     try:
-        yield _collector.get()
-        if outermost:
-            _warn_if_updated_unstaged(_step.get())
+        yield stages
+        if step is not None:
+            _warn_if_updated_unstaged(step)
     finally:
         _collector.reset(token)
         if step_token is not None:
@@ -189,6 +190,7 @@ def mark(arrays: Sequence[mx.array], stage_kind: str, modules: Sequence[object] 
     stages.append(marker)
     if modules:
         step = _step.get()
+        assert step is not None  # set with the collector, by the outermost collecting()
         step.backward[id(marker)] = _Backward(frozenset(map(id, modules)), _nbytes(arrays))
         for m in modules:
             params = getattr(m, "trainable_parameters", None)
@@ -225,7 +227,9 @@ def update_stages(groups: dict[int, list[mx.array]]) -> dict[int, list[mx.array]
     Returns:
         The arrays of each group read through its stage: use them in their place.
     """
-    stages, backward = _collector.get(), _step.get().backward
+    stages, step = _collector.get(), _step.get()
+    assert stages is not None and step is not None  # called inside collecting(), which sets both
+    backward = step.backward
     out = {}
     for index in sorted(groups, reverse=True):  # the latest first: earlier indices stay valid
         arrays = groups[index]

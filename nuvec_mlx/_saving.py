@@ -29,7 +29,7 @@ import contextvars
 import dataclasses
 import functools
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -151,7 +151,8 @@ def _reused(kept: mx.array, fn: Callable, primals: list[mx.array]) -> mx.array:
     def vmap(inputs: Any, axes: Any) -> tuple[mx.array, int]:
         return mx.vmap(fn, in_axes=tuple(_listed(axes)))(*_listed(inputs)), 0
 
-    return reuse(*primals)
+    # mx.custom_function's __call__ is typed object; it returns what its function returns: kept.
+    return cast(mx.array, reuse(*primals))
 
 
 def _listed(values: Any) -> list:
@@ -180,6 +181,7 @@ def offering_calls(fn: Callable, name: str) -> Callable:
     def offering(flat: Callable[[list[mx.array]], list[mx.array]]) -> Callable[[list[mx.array]], list[mx.array]]:
         def offered(xs: list[mx.array]) -> list[mx.array]:
             run, outs = _active.get(), flat(xs)
+            assert run is not None  # call() below runs this only under a run
 
             def vjp_of(i: int) -> tuple[Callable, list[mx.array]]:
                 return (lambda *ps: flat(list(ps))[i]), xs
@@ -306,7 +308,8 @@ def unrecomputed(
                 cotangents = [cotangents] if isinstance(cotangents, mx.array) else list(cotangents)
                 return tuple(_marks.finished(cotangents, _marks.BACKWARD, modules))
 
-            xs = _pytree.substitute(xs, wanted, enter(*(xs[i] for i in wanted)))
+            # mx.custom_function's __call__ is typed object; enter returns its arguments as a list.
+            xs = _pytree.substitute(xs, wanted, cast(list[mx.array], enter(*(xs[i] for i in wanted))))
         out = _validate.check_outputs(fn(xs), fn)
         return _marks.mark(out, _marks.FORWARD) if wanted else out
 

@@ -123,10 +123,11 @@ def hidden_states(model: nn.Module, inputs: mx.array) -> mx.array:
     backbone = getattr(model, "model", None)
     if not isinstance(backbone, nn.Module):
         raise ValueError(f"{type(model).__name__} has no backbone in model.model")
+    module: nn.Module = backbone  # narrowed: the class below sees the name, not the check
 
     class _Recording:
         def __call__(self, *args: Any, **kwargs: Any) -> mx.array:
-            found.append(backbone(*args, **kwargs))
+            found.append(module(*args, **kwargs))
             return found[-1]
 
         def __getattr__(self, name: str) -> Any:
