@@ -17,6 +17,7 @@ the inputs' cotangents, tangents and batch axes through unchanged.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import mlx.core as mx
 
@@ -60,7 +61,8 @@ def depends(inputs: Sequence[mx.array], dependencies: Sequence[mx.array]) -> lis
     """
     if not inputs or not dependencies:
         return list(inputs)
-    return list(_depend(list(inputs), list(dependencies)))
+    # mx.custom_function's __call__ is typed object; it returns what _depend returns, a list of arrays.
+    return list(cast(list[mx.array], _depend(list(inputs), list(dependencies))))
 
 
 @mx.custom_function
@@ -100,4 +102,5 @@ def also_into(outputs: Sequence[mx.array], graph: Sequence[mx.array]) -> list[mx
     """``outputs`` (a checkpoint's), whose cotangents also flow into ``graph`` (its forward's outputs
     as the function computed them on stopped inputs): the derivatives of arrays the function read
     besides its inputs, by MLX's own rules; nothing where it read none."""
-    return list(_also_into(list(outputs), list(graph)))
+    # mx.custom_function's __call__ is typed object; it returns what _also_into returns, a list of arrays.
+    return list(cast(list[mx.array], _also_into(list(outputs), list(graph))))

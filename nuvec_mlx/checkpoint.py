@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import io
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 
@@ -135,9 +135,9 @@ class _Call:
 
     def jvp(self, primals: list[mx.array], tangents: list[mx.array | None]) -> list[mx.array]:
         """Forward mode needs no checkpoint: the tangents of ``fn``, with the forward's draws."""
-        tangents = [mx.zeros_like(p) if t is None else t for p, t in zip(primals, tangents)]
+        filled = [mx.zeros_like(p) if t is None else t for p, t in zip(primals, tangents)]
         with _random.drawing_from(self.key):
-            return mx.jvp(lambda *xs: self.run(xs), primals, tangents)[1]
+            return mx.jvp(lambda *xs: self.run(xs), primals, filled)[1]
 
     def vmap(self, xs: list[mx.array], axes: list[int | None]) -> tuple[list[mx.array], list[int]]:
         """The batched function, checkpointed in turn, with the forward's draws."""
@@ -217,7 +217,7 @@ def checkpoint_flat(
         if _in_shapeless_trace():
             raise ValueError(
                 f"checkpoint: fn ({_validate.name_of(fn)}) is checkpointed inside "
-                f"mx.compile(..., shapeless=True), which MLX {mx.__version__} cannot do: "
+                f"mx.compile(..., shapeless=True), which MLX {_validate.MLX_VERSION} cannot do: "
                 "the custom functions a checkpoint is made of cannot infer their output "
                 "shapes for new input shapes. Compile with shapeless=False (one trace per "
                 "input shape)"
@@ -226,7 +226,8 @@ def checkpoint_flat(
         block.vjp(call.backward)
         block.jvp(call.jvp)
         block.vmap(call.vmap)
-        out = list(block(call.xs))
+        # mx.custom_function's __call__ is typed object; it returns what call.forward returns, a list of arrays.
+        out = list(cast(list[mx.array], block(call.xs)))
         if call.empty:
             return []
         return out if captured == "constant" else _depends.also_into(out, call.graph)
@@ -243,7 +244,7 @@ def _check_captured(captured: object, allow_captured: object) -> str:
         captured = "constant" if _validate.check_bool(allow_captured, "allow_captured") else "differentiate"
     if captured not in ("differentiate", "constant"):
         raise ValueError(f"captured must be 'differentiate' or 'constant', got {captured!r}")
-    return captured  # type: ignore[return-value]
+    return captured
 
 
 def checkpoint(

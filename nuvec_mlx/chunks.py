@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextvars
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 
@@ -101,7 +101,9 @@ class _Call:
         ends = [0] * len(self.out_axes)
         for out in outs:
             self.starts.append(list(ends))
-            ends = [e + (o.shape[a] if a != SUM else 0) for e, o, a in zip(ends, out, self.out_axes, strict=True)]
+            ends = [
+                e + (o.shape[a] if isinstance(a, int) else 0) for e, o, a in zip(ends, out, self.out_axes, strict=True)
+            ]
         self.graph = self._combine(outs)
         return self.graph
 
@@ -122,7 +124,7 @@ class _Call:
 
     def _combine(self, outs: list[list[mx.array]]) -> list[mx.array]:
         return [
-            functools.reduce(mx.add, parts) if a == SUM else mx.concatenate(list(parts), axis=a)
+            mx.concatenate(list(parts), axis=a) if isinstance(a, int) else functools.reduce(mx.add, parts)  # a: SUM
             for a, parts in zip(self.out_axes, zip(*outs), strict=True)
         ]
 
@@ -170,18 +172,18 @@ class _Call:
             after = done
         grads = list(zeros)
         for i, parts in pieces.items():
-            grads[i] = mx.concatenate(parts[::-1], axis=self.axes[i])  # type: ignore[arg-type]
+            grads[i] = mx.concatenate(parts[::-1], axis=self.axes[i])
         for i, g in summed.items():
             grads[i] = g
         return grads
 
     def jvp(self, primals: list[mx.array], tangents: list[mx.array | None]) -> list[mx.array]:
         """Forward mode needs no checkpoint: the tangents chunk by chunk, with the forward's draws."""
-        tangents = [mx.zeros_like(p) if t is None else t for p, t in zip(primals, tangents, strict=True)]
+        filled = [mx.zeros_like(p) if t is None else t for p, t in zip(primals, tangents, strict=True)]
         outs = []
         for c in range(len(self.chunks)):
             with _random.drawing_from(self.keys[c]):
-                outs.append(mx.jvp(lambda *xs, c=c: self.run(xs, c), primals, tangents)[1])
+                outs.append(mx.jvp(lambda *xs, c=c: self.run(xs, c), primals, filled)[1])
         return self._combine(outs)
 
     def vmap(self, xs: list[mx.array], axes: list[int | None]) -> tuple[list[mx.array], list[int]]:
@@ -191,7 +193,7 @@ class _Call:
         split = [None if s is None else s + b for s, b in zip(self.axes, batched, strict=True)]
         in_axes = tuple(0 if b else None for b in batched)
 
-        def fn(part: list[mx.array], bounds: slice) -> list[mx.array]:
+        def fn(part: list[mx.array], bounds: slice) -> Sequence[mx.array]:
             return mx.vmap(lambda *ys: self.fn(list(ys), bounds), in_axes=in_axes)(*part)
 
         out_axes = [SUM if a == SUM else a + 1 for a in self.out_axes]  # type: ignore[operator]
@@ -217,7 +219,8 @@ def _checkpointed(
     chunked.vjp(call.backward)
     chunked.jvp(call.jvp)
     chunked.vmap(call.vmap)
-    out = list(chunked(xs))
+    # mx.custom_function's __call__ is typed object; it returns what call.forward returns, a list of arrays.
+    out = list(cast(list[mx.array], chunked(xs)))
     return out if captured == "constant" else _depends.also_into(out, call.graph)
 
 
@@ -294,7 +297,8 @@ def checkpoint_chunks(
 
     @functools.wraps(fn)
     def chunked(*args: Any, **kwargs: Any) -> Any:
-        spec = list(in_axes) if isinstance(in_axes, (list, tuple)) else [in_axes] * len(args)
+        # Not a list or tuple, in_axes is an int or None: _check_axes let nothing else through.
+        spec = list(in_axes) if isinstance(in_axes, (list, tuple)) else [cast(int | None, in_axes)] * len(args)
         if len(spec) != len(args):
             raise ValueError(f"in_axes names {len(spec)} arguments, the call passed {len(args)}")
         axes: list[int | None] = []
