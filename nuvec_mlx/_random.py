@@ -13,19 +13,23 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import mlx.core as mx
+
+from . import _validate
 
 
 def _key_list() -> list:
     """The calling thread's random-state list, whose only item is the current key."""
+    view: Any = mx.random.state  # typed object in MLX's stub; the except below covers a view that is not iterable
     try:
-        state = iter(mx.random.state).__reduce__()[1][0]
+        state = iter(view).__reduce__()[1][0]
     except (AttributeError, IndexError, TypeError):
         state = None
     if not isinstance(state, list) or len(state) != 1 or not isinstance(state[0], mx.array):
         raise RuntimeError(
-            f"nuvec_mlx cannot reach mx.random.state's key in MLX {mx.__version__}; "
+            f"nuvec_mlx cannot reach mx.random.state's key in MLX {_validate.MLX_VERSION}; "
             "random draws cannot be replayed in checkpoints with this version"
         )
     return state

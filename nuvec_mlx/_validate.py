@@ -12,12 +12,18 @@ import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 
 from . import _pytree
+
+#: MLX's version, for messages. ``mlx.core`` has ``__version__``; its type stub leaves it out.
+MLX_VERSION: str = mx.__version__  # type: ignore[attr-defined]
+
+T = TypeVar("T")
 
 
 def deprecated(old: str, new: str, stacklevel: int = 3) -> None:
@@ -40,7 +46,7 @@ def describe(value: object) -> str:
     return f"shape {tuple(value.shape)}" if isinstance(value, mx.array) else type(value).__name__
 
 
-def check_callable(fn: object, name: str) -> object:
+def check_callable(fn: T, name: str) -> T:
     """``fn`` if it is callable, else ``TypeError``."""
     if not callable(fn):
         raise TypeError(f"{name} must be callable, got {type(fn).__name__}")

@@ -29,7 +29,8 @@ class _Trace:
     and the optimizers whose update it staged (:func:`nuvec_mlx.update`): their state is the step's."""
 
     def __init__(self, fn: Callable):
-        self.fn, self.count, self.optimizers = fn, 0, []
+        self.fn, self.count = fn, 0
+        self.optimizers: list[Any] = []
 
     def __call__(self, *args: Any, **kwargs: Any) -> tuple[Any, list[mx.array]]:
         self.count += 1

@@ -15,14 +15,14 @@ import contextlib
 import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import mlx.nn as nn
 
 from . import _attention, _policies, _pytree, _validate, policies
 from .checkpoint import checkpoint_flat
 
-_subclasses: dict[tuple[type, Callable | None, int | str | None], type] = {}
+_subclasses: dict[tuple[type, Callable | None, int | str | None], type[nn.Module]] = {}
 
 # Bumped whenever a module's checkpointing changes: a compiled step traced before runs its
 # blocks as they were when traced, so nv.TrainingStep traces again when this moved.
@@ -35,8 +35,8 @@ def changes() -> int:
 
 
 def _checkpointed_class(
-    cls: type, policy: policies.Policy | None = None, attention_chunk: int | str | None = "auto"
-) -> type:
+    cls: type[nn.Module], policy: policies.Policy | None = None, attention_chunk: int | str | None = "auto"
+) -> type[nn.Module]:
     """The cached subclass of ``cls`` whose ``__call__`` runs checkpointed with ``policy``."""
     key = (cls, policy, attention_chunk)
     if key not in _subclasses:
@@ -52,16 +52,20 @@ def _checkpointed_class(
             # run time, pickle could not find it), and checkpointed again on load.
             return (_new_checkpointed, key, *object.__reduce_ex__(self, protocol)[2:])
 
-        _subclasses[key] = type(
-            cls.__name__,
-            (cls,),
-            {
-                "__call__": __call__,
-                "__reduce_ex__": __reduce_ex__,
-                "_nuvec_original_class": cls,
-                "__module__": cls.__module__,
-                "__qualname__": cls.__qualname__,
-            },
+        # type() with three arguments is typed as making a type; it makes a subclass of cls.
+        _subclasses[key] = cast(
+            type[nn.Module],
+            type(
+                cls.__name__,
+                (cls,),
+                {
+                    "__call__": __call__,
+                    "__reduce_ex__": __reduce_ex__,
+                    "_nuvec_original_class": cls,
+                    "__module__": cls.__module__,
+                    "__qualname__": cls.__qualname__,
+                },
+            ),
         )
     return _subclasses[key]
 
@@ -81,7 +85,7 @@ def restoring(modules: Sequence[nn.Module]) -> Iterator[None]:
 
 
 def _new_checkpointed(
-    cls: type, policy: policies.Policy | None = None, attention_chunk: int | str | None = "auto"
+    cls: type[nn.Module], policy: policies.Policy | None = None, attention_chunk: int | str | None = "auto"
 ) -> nn.Module:
     """An empty checkpointed instance of ``cls``, for pickle and copy to fill."""
     sub = _checkpointed_class(cls, policy, attention_chunk)

@@ -189,7 +189,7 @@ class _Planning:
     def __init__(self, command: Any, budget: int, chosen: list[Any]):
         self.command, self.budget, self.chosen = command, budget, chosen
         self.vocabulary = 0
-        self.result: dict[str, Any] = {"mlx": mx.__version__}
+        self.result: dict[str, Any] = {"mlx": _validate.MLX_VERSION}
 
     def rows(self, args: Any) -> list[tuple[str, str]]:
         """The banner's nuvec rows."""
