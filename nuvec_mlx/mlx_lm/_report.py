@@ -96,7 +96,7 @@ class TrainUI(MlxLmTrainUI):
         """mlx-lm's report line (iteration, loss, tokens/s, tokens), then ``step_peak``: this process's, or
         every rank's (a list in rank order)."""
         console, line = self._console, _Line()
-        self._console = line
+        self._console = line  # type: ignore[assignment]  # a stand-in that keeps the one line printed
         try:
             super().report_train(it, train_loss, tokens_sec, trained_tokens)
         finally:

@@ -123,6 +123,7 @@ def smallest(options: Sequence[Sequence[Option]], outputs: int) -> Choice:
     )
     low = outputs
     best = choose(options, high, outputs)
+    assert best is not None  # every mode of every block fits under high
     while high - low > max(1, high * RESOLUTION):
         middle = (low + high) // 2
         found = choose(options, middle, outputs)
@@ -130,4 +131,6 @@ def smallest(options: Sequence[Sequence[Option]], outputs: int) -> Choice:
             low = middle
         else:
             best, high = found, found.peak
-    return choose(options, best.peak, outputs)
+    # choose's buckets follow its limit, so at best.peak it could in principle find nothing; the
+    # planner would then fail on None, as it always has (returning best instead would change it).
+    return choose(options, best.peak, outputs)  # type: ignore[return-value]

@@ -58,10 +58,14 @@ class Profile:
             return None if values[0] is None else round(statistics.fmean(values))
 
         fields = ("keeps", "forward", "backward", "rest")
+        keeps, forward, backward, rest = ([mean(*v) for v in zip(*(getattr(p, f) for p in each))] for f in fields)
         return cls(
             mode,
             list(readings),
-            *[[mean(*v) for v in zip(*(getattr(p, f) for p in each))] for f in fields],
+            keeps,
+            forward,
+            backward,
+            rest,
             each[-1].backward_seconds,
             mean(*(p.outputs for p in each)),
         )

@@ -89,6 +89,13 @@ def _staged(modes: Sequence[str]) -> list[int]:
     return [j for j, m in enumerate(modes) if m != PLAIN]
 
 
+def _backward_need(keeps: int, rest: int | None, backward: int | None) -> int | None:
+    """A block's backward stage's peak above the step's start: what it keeps, what else the step holds
+    (``rest``, None only where every mode's ``backward`` is: :class:`Profile` pads both alike), its own
+    peak; None where the block has no backward stage."""
+    return None if backward is None or rest is None else keeps + rest + backward
+
+
 class Planner:
     """Plans of one step for any budget, from one set of measurements.
 
@@ -219,7 +226,7 @@ class Planner:
     def _options(self) -> tuple[list[list[_choose.Option]], int]:
         """Each block's options, and the outputs stage's peak (all above the step's start)."""
         n, profiles = len(self.trial.blocks), list(self.profiles.values())
-        rest = [max((p.rest[j] for p in profiles if p.rest[j] is not None), default=None) for j in range(n)]
+        rest = [max((r for r in (p.rest[j] for p in profiles) if r is not None), default=None) for j in range(n)]
         costs = self._costs()
         options = []
         for j in range(n):
@@ -229,7 +236,7 @@ class Planner:
                         p.mode,
                         p.keeps[j],
                         p.forward[j],
-                        None if p.backward[j] is None else p.keeps[j] + rest[j] + p.backward[j],
+                        _backward_need(p.keeps[j], rest[j], p.backward[j]),
                         costs[p.mode][j],
                     )
                     for p in profiles
@@ -244,7 +251,7 @@ class Planner:
         n = len(self.trial.blocks)
         fastest = [
             min(
-                (p.backward_seconds[j] for p in self.profiles.values() if p.backward_seconds[j] is not None),
+                (s for s in (p.backward_seconds[j] for p in self.profiles.values()) if s is not None),
                 default=0.0,
             )
             for j in range(n)
@@ -290,6 +297,7 @@ class Planner:
             total=self.corrections + 1, desc="nv.plan: verifying", unit="step pair", disable=not self.progress
         ) as bar:
             for _ in range(self.corrections + 1):
+                choice: _choose.Choice | None
                 if plain:
                     choice = _choose.Choice(
                         (PLAIN,) * len(options), unchecked.peak - unchecked.start, 0.0, (len(options), "outputs")

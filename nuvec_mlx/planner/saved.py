@@ -33,7 +33,7 @@ import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -101,6 +101,14 @@ class BlockReport:
     measured_unchecked: int | None = None  # kept bytes per stage, measured (outputs included)
     measured_checkpointed: int | None = None
 
+    @overload
+    @staticmethod
+    def total(arrays: Sequence[Saved]) -> int: ...
+
+    @overload
+    @staticmethod
+    def total(arrays: Sequence[Saved] | None) -> int | None: ...
+
     @staticmethod
     def total(arrays: Sequence[Saved] | None) -> int | None:
         """Distinct bytes of ``arrays`` (views counted once)."""
@@ -148,9 +156,10 @@ class SavedActivations:
             )
             lines += _rows(b.checkpointed)
         unchecked = [b.total(b.unchecked) for b in self.blocks]
-        if None not in unchecked:
+        listed = [t for t in unchecked if t is not None]
+        if len(listed) == len(unchecked):
             lines.append(
-                f"all blocks: {_mib(sum(unchecked))} unchecked, "
+                f"all blocks: {_mib(sum(listed))} unchecked, "
                 f"{_mib(sum(b.total(b.checkpointed) for b in self.blocks))} checkpointed ({self.policy})"
             )
         return "\n".join(lines)
@@ -199,10 +208,10 @@ def residuals(events: Sequence[dict], outputs: int, arguments: set[str], weights
             known.update((name, (tuple(a.shape), a.dtype)) for name, a in e["constants"])
     forward, todo = set(), list(forward_outputs)
     while todo:
-        e = made.get(todo.pop())
-        if e is not None and id(e) not in forward:
-            forward.add(id(e))
-            todo += [n for n, *_ in e["inputs"]]
+        producer = made.get(todo.pop())
+        if producer is not None and id(producer) not in forward:
+            forward.add(id(producer))
+            todo += [n for n, *_ in producer["inputs"]]
     saved: list[str] = []
     for e in order:
         if id(e) not in forward:
