@@ -29,13 +29,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import mlx.core as mx
 
-from . import _depends, _pytree
+from . import _depends, _pytree, _validate
 
 _collector: contextvars.ContextVar[list[mx.array] | None] = contextvars.ContextVar("nuvec_mlx_stages", default=None)
 
@@ -95,13 +94,12 @@ def _warn_if_updated_unstaged(step: _Step) -> None:
         return
     for module, before in step.parameters.values():
         if [id(a) for _, a in _pytree.flatten(module.trainable_parameters())] != before:
-            warnings.warn(
+            _validate.warn(
                 "the step replaced the parameters of checkpointed blocks outside nv.update (optimizer.update "
                 "inside nv.compile?): that update runs after the whole backward pass, with every gradient alive "
                 "(in full fine-tuning one more copy of the weights at the peak). Call nv.update(optimizer, model, "
                 "grads), which makes each block's update a stage after its backward, or use nv.TrainingStep",
                 NotStagedWarning,
-                stacklevel=4,
             )
             return
 

@@ -22,26 +22,24 @@ import contextlib
 import contextvars
 import dataclasses
 import threading
-import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 
 import mlx.core as mx
 
-from . import _marks, _pytree
+from . import _marks, _pytree, _validate
 
 #: Registered steps remembered per thread: older ones are evaluated unstaged.
 REMEMBERED = 16
 
 
 def _forgotten() -> None:
-    warnings.warn(
+    _validate.warn(
         "a checkpointed step's stages were never evaluated by nv.eval: the step ran unstaged, with "
         "several blocks' activations alive at once. Evaluate what the step returns (or the state it "
         "updates) with nv.eval; inside mx.compile, compile with nv.compile, which carries the stages out; "
         "or use nv.TrainingStep, which does both",
         _marks.NotStagedWarning,
-        stacklevel=2,
     )
 
 

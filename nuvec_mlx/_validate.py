@@ -7,8 +7,11 @@ was expected.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import os
+import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,9 +29,21 @@ MLX_VERSION: str = mx.__version__  # type: ignore[attr-defined]
 T = TypeVar("T")
 
 
-def deprecated(old: str, new: str, stacklevel: int = 3) -> None:
+_INTERNAL = (os.path.dirname(os.path.abspath(__file__)) + os.sep, contextlib.__file__, functools.__file__)
+
+
+def warn(message: str, category: type[Warning]) -> None:
+    """Warn at the user's line: the first caller outside nuvec_mlx (and the context managers and
+    wrappers it calls through), however deep inside the package the warning is raised."""
+    frame, level = sys._getframe(0), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_INTERNAL):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
+
+
+def deprecated(old: str, new: str) -> None:
     """Warn that ``old`` is deprecated in favour of ``new`` (a :class:`FutureWarning`, shown to users)."""
-    warnings.warn(f"{old} is deprecated: use {new}", FutureWarning, stacklevel=stacklevel)
+    warn(f"{old} is deprecated: use {new}", FutureWarning)
 
 
 def name_of(fn: object) -> str:

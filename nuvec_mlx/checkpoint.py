@@ -238,9 +238,7 @@ def checkpoint_flat(
 def _check_captured(captured: object, allow_captured: object) -> str:
     """``captured``, or what the deprecated ``allow_captured`` asked for."""
     if allow_captured is not None:
-        _validate.deprecated(
-            "allow_captured=", 'captured="constant" (allow_captured=True) or "differentiate"', stacklevel=4
-        )
+        _validate.deprecated("allow_captured=", 'captured="constant" (allow_captured=True) or "differentiate"')
         captured = "constant" if _validate.check_bool(allow_captured, "allow_captured") else "differentiate"
     if captured not in ("differentiate", "constant"):
         raise ValueError(f"captured must be 'differentiate' or 'constant', got {captured!r}")

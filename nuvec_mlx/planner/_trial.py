@@ -76,7 +76,6 @@ def as_step(step: object, args: tuple, kwargs: dict, name: str) -> tuple[Trainin
     _validate.deprecated(
         f"{name}(model, loss_fn, ..., optimizer=...)",
         f"{name}(nv.TrainingStep(model, loss_fn, optimizer), ...)",
-        stacklevel=4,
     )
     legacy = {k: kwargs.pop(k) for k in ("optimizer", "compile", "synchronize") if k in kwargs}
     return TrainingStep(step, args[0], legacy.pop("optimizer", None), **legacy), args[1:], kwargs
