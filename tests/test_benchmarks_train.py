@@ -432,3 +432,9 @@ def test_an_option_no_workload_can_take_is_an_error(capsys, argv, message):
     with pytest.raises(SystemExit):
         command.parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+def test_doublings_are_the_peak_ratios_of_each_length_measured_with_its_double_from_1024():
+    sweep = {"512": 4, "1024": 10, "2048": 21, "3000": 30, "4096": 44}
+    assert report.doublings(sweep) == [(1024, 2.1), (2048, 44 / 21)]
+    assert report.doublings({"512": 4, "1024": 9}) == []
