@@ -960,3 +960,10 @@ def test_the_host_time_probe_runs_at_this_commit(tmp_path, capsys):
 def test_the_train_timeline_probe_runs_at_this_commit(capsys):
     load_probe("train_timeline").main("llama", "lora", "float32")
     assert "backward pass of block" in capsys.readouterr().out
+
+
+def test_depth_plot_lines_differ_in_colour_marker_and_dash_so_coinciding_ones_show():
+    styles = [report._style(i, line=True) for i in range(5)]
+    for key in ("color", "marker", "ls"):
+        assert len({str(s[key]) for s in styles}) >= 4, key
+    assert [s["lw"] for s in styles] == sorted((s["lw"] for s in styles), reverse=True)  # later lines on top, thinner

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 from matplotlib.figure import Figure
@@ -126,6 +127,19 @@ def plot_strategies(rows: list[dict]) -> Figure | None:
     return fig
 
 
+def _style(i: int, line: bool = False) -> dict[str, Any]:
+    """The ``i``-th series' colour (tab10: no two of the same hue) and, for lines, marker, dash and width."""
+    style: dict[str, Any] = {"color": matplotlib.colormaps["tab10"](i % 10)}
+    if line:
+        style.update(
+            marker="osD^v<>"[i % 7],
+            ls=("-", "--", "-.", ":")[i % 4],
+            lw=max(3.0 - 0.5 * i, 1.0),
+            markersize=max(9.0 - 1.5 * i, 3.0),
+        )
+    return style
+
+
 def plot_depth(rows: list[dict]) -> Figure | None:
     """Peak memory against the number of blocks, one line per strategy."""
     rows = _measured(rows, "depth")
@@ -133,9 +147,11 @@ def plot_depth(rows: list[dict]) -> Figure | None:
         return None
     fig = Figure(figsize=(6, 4))
     ax = fig.subplots()
-    for s in dict.fromkeys(r["strategy"] for r in rows):
+    for i, s in enumerate(dict.fromkeys(r["strategy"] for r in rows)):
         rs = sorted((r for r in rows if r["strategy"] == s), key=lambda r: r["blocks"])
-        ax.plot([r["blocks"] for r in rs], [r["peak"]["median"] / MiB for r in rs], "o-", label=s)
+        # Lines that coincide (none and none-policy) stay visible: each later one drawn thinner, with a
+        # smaller marker and its own dash, over the earlier ones.
+        ax.plot([r["blocks"] for r in rs], [r["peak"]["median"] / MiB for r in rs], label=s, **_style(i, line=True))
     ax.set_xscale("log", base=2)
     ax.set_xlabel("blocks")
     ax.set_ylabel("peak MiB")
@@ -152,7 +168,6 @@ def plot_time(rows: list[dict]) -> Figure | None:
         return None
     names = list(dict.fromkeys(f"{r['framework']} {r['strategy']}" for r in rows))
     workloads = list(dict.fromkeys(label(r) for r in rows))
-    colors = matplotlib.colormaps["tab20"]
     fig = Figure(figsize=(8, 5))
     ax = fig.subplots()
     for r in rows:
@@ -160,10 +175,10 @@ def plot_time(rows: list[dict]) -> Figure | None:
         ax.scatter(
             r["peak_ratio"],
             r["time_ratio"],
-            color=colors(names.index(name) % 20),
+            color=_style(names.index(name))["color"],
             marker="osD^v<>"[workloads.index(label(r)) % 7],
         )
-    handles = [Line2D([], [], color=colors(i % 20), marker="o", ls="", label=n) for i, n in enumerate(names)]
+    handles = [Line2D([], [], color=_style(i)["color"], marker="o", ls="", label=n) for i, n in enumerate(names)]
     handles += [Line2D([], [], color="k", marker="osD^v<>"[i % 7], ls="", label=w) for i, w in enumerate(workloads)]
     ax.legend(handles=handles, fontsize=6, loc="center left", bbox_to_anchor=(1, 0.5))
     ax.set_xlabel("peak / plain peak")
