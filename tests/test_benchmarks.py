@@ -962,8 +962,13 @@ def test_the_train_timeline_probe_runs_at_this_commit(capsys):
     assert "backward pass of block" in capsys.readouterr().out
 
 
-def test_depth_plot_lines_differ_in_colour_marker_and_dash_so_coinciding_ones_show():
-    styles = [report._style(i, line=True) for i in range(5)]
-    for key in ("color", "marker", "ls"):
-        assert len({str(s[key]) for s in styles}) >= 4, key
-    assert [s["lw"] for s in styles] == sorted((s["lw"] for s in styles), reverse=True)  # later lines on top, thinner
+
+def test_the_depth_plot_draws_coinciding_lines_in_distinct_colours_markers_and_dashes():
+    strategies = ("none", "none-policy", "mx", "nuvec-nopolicy", "nuvec")  # none and none-policy coincide
+    got = [depth_row(b, [b], s) for s in strategies for b in (4, 8, 16)]
+    lines = report.plot_depth(got).axes[0].get_lines()
+    assert [line.get_label() for line in lines] == list(strategies)
+    for prop in ("get_color", "get_marker", "get_linestyle"):
+        assert len({str(getattr(line, prop)()) for line in lines}) >= 4, prop
+    widths = [line.get_linewidth() for line in lines]
+    assert widths == sorted(widths, reverse=True)  # each later line thinner, on top of the earlier ones
