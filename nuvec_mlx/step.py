@@ -12,6 +12,7 @@ your own; :func:`update` is the one of them defined here.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -186,9 +187,10 @@ class TrainingStep:
         """Run one step on ``batch`` (``loss_fn``'s arguments after the model) and return the loss, evaluated."""
         begin = time.perf_counter()
         do_update = (self.calls + 1) % self.accumulate == 0
+        # Under a ceiling, a step stopped part-way puts the state back as it was before the call: also
+        # before a first trace makes the optimizer's state, which the next call then makes and traces afresh.
+        undo = self._undo_on_stop() if _ceiling.current() is not None else None
         traced = self._trace()
-        # Under a ceiling, a step stopped part-way puts the state back.
-        undo = self.snapshot() if _ceiling.current() is not None else None
         (value, grad), stages = traced(batch, kwargs, self._grad, do_update)
         outputs = [value] if self.optimizer is not None else [value, grad]
         dispatched = time.perf_counter()
@@ -219,6 +221,19 @@ class TrainingStep:
             else:
                 self._traced = body.staged
         return self._traced
+
+    def _undo_on_stop(self) -> Callable[[], None]:
+        """:meth:`snapshot`'s undo, which also traces the step afresh at its next call (with its state put
+        back, the trace's state may no longer be the state's, position by position)."""
+        put_back, me = self.snapshot(), weakref.ref(self)  # no reference cycle through the registry's undo
+
+        def undo() -> None:
+            put_back()
+            step = me()
+            if step is not None:
+                step._traced = None
+
+        return undo
 
     def snapshot(self) -> Callable[[], None]:
         """What puts the model, the optimizer's state and the random key back as they are now.

@@ -142,10 +142,10 @@ def everything(model, opt):
 STEPS = ["compile", "TrainingStep"]
 
 
-def test_a_stop_puts_back_the_state_the_step_creates_and_the_next_step_runs(compiled):
-    """nv.compile's first update makes the optimizer's state (nv.TrainingStep makes it before its first step,
-    as opt.init does: the other tests here stop it with its state made)."""
-    kind = "compile"
+@pytest.mark.parametrize("kind", STEPS)
+def test_a_stop_puts_back_the_state_the_step_creates_and_the_next_step_runs(compiled, kind):
+    """nv.compile's first update makes the optimizer's state, nv.TrainingStep makes it (as opt.init does)
+    before its first step: stopped, neither leaves it behind."""
     model, opt, run = a_step(kind)
     x = mx.random.normal((256, 64), key=mx.random.key(1))
     mx.eval(x)
