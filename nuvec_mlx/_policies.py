@@ -98,9 +98,14 @@ def save_names(*names: str) -> Policy:
     Returns:
         The policy (as ``jax.checkpoint_policies.save_only_these_names``).
 
+    Raises:
+        ValueError: without names (a policy that keeps nothing is :func:`save_nothing`).
+
     Example:
         >>> nv.checkpoint_layers(model, policy=nv.policies.save_names("attn_out"))
     """
+    if not names:
+        raise ValueError("save_names needs at least one name: a policy that keeps nothing is nv.policies.save_nothing")
     for i, name in enumerate(names):
         _check_name(name, f"names[{i}]")
     wanted = frozenset(names)

@@ -130,6 +130,30 @@ MISUSES = [
         r"^path must be a str or an os.PathLike, got NoneType$",
     ),
     (
+        "plan: an option it does not take",
+        lambda: nv.plan(step(), (x,), budget=1 << 20, bugdet=1),
+        TypeError,
+        r"^nv.plan\(\): got an unexpected keyword argument 'bugdet'$",
+    ),
+    (
+        "largest_fit: an option it does not take",
+        lambda: nv.largest_fit(step(), lambda n: (mx.ones((n, 4)),), 1 << 20, size=(1, 2)),
+        TypeError,
+        r"^nv.largest_fit\(\): got an unexpected keyword argument 'size'$",
+    ),
+    (
+        "saved_activations: an argument too many",
+        lambda: nv.saved_activations(step(), (x,), 3),
+        TypeError,
+        r"^nv.saved_activations\(\): too many positional arguments$",
+    ),
+    (
+        "save_names: no name",
+        lambda: nv.policies.save_names(),
+        ValueError,
+        r"^save_names needs at least one name: a policy that keeps nothing is nv.policies.save_nothing$",
+    ),
+    (
         "Timeline.plot: title not a str",
         lambda: reading().plot("timeline.png", title=3),
         TypeError,

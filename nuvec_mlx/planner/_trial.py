@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import inspect
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -60,13 +61,25 @@ def check_batch(batch: object, name: str = "batch", verb: str = "be ") -> None:
         )
 
 
-def as_step(step: object, args: tuple, kwargs: dict, name: str) -> tuple[TrainingStep, tuple, dict]:
-    """The :class:`TrainingStep` a planning function measures, its other arguments, and its options.
+def as_step(
+    step: object, args: tuple, kwargs: dict, name: str, impl: Callable[..., Any]
+) -> tuple[TrainingStep, tuple, dict]:
+    """The :class:`TrainingStep` a planning function measures, its other arguments, and its options,
+    checked against ``impl``, the function that takes them (a wrong argument's error names ``name``).
 
     Planning functions take the step first. Their form before
     :class:`TrainingStep`, ``name(model, loss_fn, ..., optimizer=, compile=,
     synchronize=)``, still works, with a ``FutureWarning``.
     """
+    step, args, kwargs = _step_of(step, args, kwargs, name)
+    try:
+        inspect.signature(impl).bind(step, *args, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"{name}(): {e}") from None
+    return step, args, kwargs
+
+
+def _step_of(step: object, args: tuple, kwargs: dict, name: str) -> tuple[TrainingStep, tuple, dict]:
     if isinstance(step, TrainingStep):
         return step, args, kwargs
     if not isinstance(step, nn.Module):

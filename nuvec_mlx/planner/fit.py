@@ -132,7 +132,7 @@ def largest_fit(step: TrainingStep, *args: Any, **kwargs: Any) -> Fit:
         ...                      sizes=(256, 512, 1024), multiple=64)
         >>> fit.size
     """
-    step, args, kwargs = _trial.as_step(step, args, kwargs, "nv.largest_fit")
+    step, args, kwargs = _trial.as_step(step, args, kwargs, "nv.largest_fit", _largest_fit)
     return _largest_fit(step, *args, **kwargs)
 
 

@@ -406,7 +406,7 @@ def plan(step: TrainingStep, *args: Any, **kwargs: Any) -> Plan:
         >>> plan.apply()
     """
     legacy = isinstance(step, nn.Module)
-    step, args, kwargs = _trial.as_step(step, args, kwargs, "nv.plan")
+    step, args, kwargs = _trial.as_step(step, args, kwargs, "nv.plan", _plan)
     return _plan(step, *args, legacy=legacy, **kwargs)
 
 

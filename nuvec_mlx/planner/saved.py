@@ -368,7 +368,7 @@ def saved_activations(step: TrainingStep, *args: Any, **kwargs: Any) -> SavedAct
     Example:
         >>> print(nv.saved_activations(step, (x, y), policy=nv.policies.save_matmuls))
     """
-    step, args, kwargs = _trial.as_step(step, args, kwargs, "nv.saved_activations")
+    step, args, kwargs = _trial.as_step(step, args, kwargs, "nv.saved_activations", _saved_activations)
     return _saved_activations(step, *args, **kwargs)
 
 
