@@ -11,7 +11,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 import nuvec_mlx as nv
-from tests.helpers import Blocks, readme_step
+from tests.helpers import WideBlocks, readme_step
 
 MiB = 1 << 20
 
@@ -19,7 +19,7 @@ MiB = 1 << 20
 def training_step():
     gc.collect()  # an earlier test's compiled step (a reference cycle) must not be freed mid-test
     mx.random.seed(0)
-    model = Blocks()
+    model = WideBlocks()
     nv.checkpoint_layers(model)
     opt = optim.AdamW(1e-2)
     opt.init(model.trainable_parameters())
@@ -125,7 +125,7 @@ def a_step(kind: str):
     loop) and a step updating them with nv.update: nv.compile'd (``"compile"``) or nv.TrainingStep."""
     gc.collect()
     mx.random.seed(0)
-    model = Blocks()
+    model = WideBlocks()
     nv.checkpoint_layers(model)
     opt = optim.AdamW(1e-2)
     mx.eval(model.parameters())

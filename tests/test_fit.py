@@ -8,6 +8,7 @@ import mlx.optimizers as optim
 import pytest
 
 import nuvec_mlx as nv
+from nuvec_mlx import testing
 from nuvec_mlx.planner.fit import solve
 from tests.helpers import held_while_unobserved, tiny_llama
 
@@ -55,12 +56,9 @@ def test_the_largest_sequence_is_within_5_percent_of_the_measured_largest(compil
 
 @pytest.mark.slow
 def test_the_largest_batch_of_the_benchmark_transformer(compiled):
-    from nuvec_mlx_bench import modules
-    from nuvec_mlx_bench.workload import Workload
-
-    model, x = modules.build(Workload("transformer", batch=64, dim=64, blocks=4, seq=64))
+    model, x = testing.blocks_model("transformer", batch=64, dim=64, blocks=4, seq=64)
     fit = nv.largest_fit(
-        nv.TrainingStep(model, modules.loss), lambda b: x[:b], 16 * MiB, sizes=(2, 4, 8), progress=False
+        nv.TrainingStep(model, testing.blocks_loss), lambda b: x[:b], 16 * MiB, sizes=(2, 4, 8), progress=False
     )
     assert 8 < fit.size < 64 and fit.below is not None and fit.below - fit.size <= max(1, 0.02 * fit.size)
     assert [s for s, _ in fit.peaks[:3]] == [2, 4, 8] and "largest size that fits 16.0 MiB" in str(fit)
@@ -78,11 +76,8 @@ def test_sizes_must_be_two_increasing_ints(sizes, error):
 
 @pytest.mark.slow
 def test_the_largest_fit_is_verified_as_its_step_runs_unobserved(monkeypatch, compiled):
-    from nuvec_mlx_bench import modules
-    from nuvec_mlx_bench.workload import Workload
-
-    model, _ = modules.build(Workload("mlp", batch=64, dim=64, blocks=6))
-    step = nv.TrainingStep(model, modules.loss)
+    model, _ = testing.blocks_model("mlp", batch=64, dim=64, blocks=6)
+    step = nv.TrainingStep(model, testing.blocks_loss)
     make = lambda n: mx.random.normal((n, 64), key=mx.random.key(n))  # noqa: E731
     first = nv.largest_fit(step, make, budget=16 << 20, sizes=(64, 128), progress=False)
     extra = 8 << 20

@@ -19,9 +19,15 @@ import pytest
 from mlx.utils import tree_flatten
 
 import nuvec_mlx as nv
-from nuvec_mlx import evaluate
+from nuvec_mlx import evaluate, testing
 from nuvec_mlx.planner.plan import EVERY_2ND
-from tests.helpers import Blocks, assert_close, held_while_unobserved, mean_square, tiny_llama
+from tests.helpers import (
+    Blocks,
+    assert_close,
+    held_while_unobserved,
+    mean_square,
+    tiny_llama,
+)
 
 
 def llama_case():
@@ -31,36 +37,21 @@ def llama_case():
     return model, lambda m, x: nn.losses.cross_entropy(m(x[:, :-1]), x[:, 1:]).mean(), x, optim.Adam(1e-3)
 
 
-def bench_case(workload):
-    from nuvec_mlx_bench import modules
-
-    model, x = modules.build(workload)
-    return model, modules.loss, x, None
-
-
-def mlp():
-    from nuvec_mlx_bench.workload import Workload
-
-    return Workload("mlp", batch=256, dim=64, blocks=6)
-
-
-def transformer():
-    from nuvec_mlx_bench.workload import Workload
-
-    return Workload("transformer", batch=2, dim=64, blocks=4, seq=128)
+def blocks_case(kind: str, **size):
+    """nuvec_mlx.testing's blocks (the benchmark's seed model) at a size, its loss the sum of the output."""
+    model, x = testing.blocks_model(kind, **size)
+    return model, testing.blocks_loss, x, None
 
 
 def weight_heavy_case():
     """The benchmark's MLP on a small batch, every weight trained with Adam: its weights outweigh its activations."""
-    from nuvec_mlx_bench.workload import Workload
-
-    model, loss_fn, x, _ = bench_case(Workload("mlp", batch=16, dim=128, blocks=6, weight_grads=True))
+    model, loss_fn, x, _ = blocks_case("mlp", batch=16, dim=128, blocks=6)
     return model, loss_fn, x, optim.Adam(1e-3)
 
 
 CASES = {
-    "mlp": lambda: bench_case(mlp()),
-    "transformer": lambda: bench_case(transformer()),
+    "mlp": lambda: blocks_case("mlp", batch=256, dim=64, blocks=6),
+    "transformer": lambda: blocks_case("transformer", batch=2, dim=64, blocks=4, seq=128),
     "llama": llama_case,
     "weight-heavy": weight_heavy_case,
 }

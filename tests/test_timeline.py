@@ -5,13 +5,11 @@ import json
 import pytest
 
 import nuvec_mlx as nv
+from tests.helpers import FlatStep
 
 
 def checkpointed_step(blocks=4):
-    from nuvec_mlx_bench import workloads
-    from nuvec_mlx_bench.workload import Workload
-
-    sc = workloads.build("nuvec", Workload("mlp", batch=256, dim=64, blocks=blocks))
+    sc = FlatStep("mlp", batch=256, dim=64, blocks=blocks)
     nv.eval(sc.step(sc.inputs))
     return sc
 
