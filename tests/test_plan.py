@@ -117,9 +117,7 @@ def test_a_weight_heavy_step_s_update_stages_are_in_its_prediction(case):
     """With Adam on a small batch each block's update stage (nv.update) peaks above its backward stage:
     predicted as the block's own, the smallest peak is met (counted from backward stages alone, it is
     under-predicted by 1.4% and its budget missed)."""
-    # White-box (the planner's profile). The public way, a timeline around the planner, is broken by a
-    # library bug: a timeline inside another reads peaks of 0 (tests/test_timeline.py), and the planner
-    # measures in one.
+    # White-box (the planner's profile): the stages the planner measured itself.
     profile = case.planner.profiles["save_nothing"]  # every block checkpointed, measured
     kinds = [r.kind for r in profile.readings[0].stages]
     assert kinds.count("update") == kinds.count("forward") == 6  # as nv.update runs: a stage per block
