@@ -16,6 +16,7 @@ MiB = 1 << 20
 @pytest.mark.parametrize("throttle", [None, 0, math.inf], ids=["default", "0", "inf"])
 def test_eval_computes_every_array_of_nested_containers_and_several_arguments(throttle):
     x, y, z, w = lazy_arrays(MiB, 4)
+    mx.synchronize()
     before = mx.get_active_memory()
     nv.eval(x, [y, {"z": (z,)}], {"w": w, "note": "text", "none": None}, throttle=throttle)
     assert_evaluated(before, 4 * MiB)
@@ -28,6 +29,7 @@ def test_eval_takes_what_mx_eval_takes():
     layer = nn.Linear(4, 4)
     (layer.weight,) = lazy_arrays(MiB)
     mx.random.uniform(shape=(2,))  # the random state now holds an unevaluated key
+    mx.synchronize()
     before = mx.get_active_memory()
     nv.eval(layer.state, mx.random.state, 3.0, None, "s", [1, (2,)], throttle=0)
     nv.eval()
@@ -60,6 +62,7 @@ def test_eval_never_loosens_a_tighter_user_limit(monkeypatch):
     seen = []
     real_eval = mx.eval
     monkeypatch.setattr(mx, "eval", lambda *a: (seen.append(mx.get_memory_limit()), real_eval(*a)))
+    mx.synchronize()
     tight = mx.get_active_memory() + 100 * MiB
     previous = mx.set_memory_limit(tight)
     try:
