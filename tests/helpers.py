@@ -96,6 +96,22 @@ def rise(step: Callable[[], Any], evaluate: Callable[[Any], None]) -> int:
     return m.rise
 
 
+def assert_met_as_predicted(plan, budget: int) -> None:
+    """A plan met its budget as it predicted: it fits, made no corrections, and its measured peak is where
+    the prediction put it.
+
+    The prediction adds a margin for the spread between repeats (``plan.margin``, at most the throttle in
+    force: what MLX's evaluator may run ahead within a stage); a measured peak may come in below the
+    prediction by up to twice that margin and 5% (a quieter run than the profile's worst), and above it
+    by up to 3%.
+    """
+    assert plan.fits and plan.measured <= budget, str(plan)
+    assert not plan.corrections, str(plan)
+    assert plan.margin <= nv.memory.current_throttle(), (plan.margin, str(plan))
+    low = plan.predicted - 2 * plan.margin - 0.05 * plan.predicted
+    assert low <= plan.measured <= 1.03 * plan.predicted, (low, plan.measured, 1.03 * plan.predicted, str(plan))
+
+
 class FlatStep:
     """A compiled flat gradient step of :mod:`nuvec_mlx.testing`'s blocks (the benchmark's seed step).
 
