@@ -27,9 +27,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 import nuvec_mlx as nv
-from nuvec_mlx_bench import measure, rounds
-from nuvec_mlx_bench.workload import Workload
-from nuvec_mlx_bench.workloads import block_weights, filled, mlp_block
+from nuvec_mlx.testing import block_weights, filled, mlp_block
+from tests.helpers import rise
 
 #: The model and the whole batch (split across ranks): 8 blocks
 #: [B, 64] -> [B, 256] -> [B, 64] in float32, hidden activations of 512 KiB
@@ -49,8 +48,7 @@ def inputs(rank: int, size: int, dtype: mx.Dtype = mx.float32) -> list[mx.array]
     # far from the whole batch's: a missing or wrong average cannot pass.
     x = filled((BATCH, DIM), 0.37) * mx.linspace(0, 2, BATCH)[:, None]
     x = x[rank * shard : (rank + 1) * shard]
-    model = Workload("mlp", BATCH, DIM, BLOCKS)
-    xs = [w.astype(dtype) for i in range(BLOCKS) for w in block_weights(model, i)]
+    xs = [w.astype(dtype) for i in range(BLOCKS) for w in block_weights("mlp", DIM, i)]
     xs.append(x.astype(dtype))
     mx.eval(xs)
     return xs
@@ -81,7 +79,7 @@ def gradients_and_peak(step: nv.CompiledFlat, xs: list[mx.array]) -> tuple[list[
     second step evaluated with :func:`nuvec_mlx.eval`, and the stages of a third."""
     outputs = step(xs)
     nv.eval(outputs)
-    peak = rounds.peak(lambda: step(xs), nv.eval, measure.MlxProbe())
+    peak = rise(lambda: step(xs), nv.eval)
     with nv.memory.timeline() as t:
         nv.eval(step(xs))
     return outputs[:-1], peak, [f"{r.kind} {r.block}" for r in t.readings]
@@ -106,9 +104,6 @@ def main(out_dir: Path) -> None:
     own = nv.memory.stats()
     report["own_stats"] = dataclasses.asdict(own)
     report["all_stats"] = [dataclasses.asdict(s) for s in nv.memory.all_stats(group)]
-    # How the benchmark reports every rank's peak (nuvec_mlx_bench.measure.add_rank_peaks).
-    cases = {name: {"peak": {"median": peak}} for name, peak in report["peak"].items()}
-    report["peak_per_rank"] = {n: r["peak_per_rank"] for n, r in measure.add_rank_peaks(cases).items()}
     (out_dir / f"rank{rank}.json").write_text(json.dumps(report))
 
 

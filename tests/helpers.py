@@ -14,6 +14,7 @@ import mlx.nn as nn
 import pytest
 
 import nuvec_mlx as nv
+from nuvec_mlx import testing
 
 
 def assert_close(actual, expected, rtol: float = 1e-6) -> None:
@@ -95,6 +96,57 @@ def rise(step: Callable[[], Any], evaluate: Callable[[Any], None]) -> int:
     return m.rise
 
 
+def assert_met_as_predicted(plan, budget: int) -> None:
+    """A plan met its budget as it predicted: it fits, made no corrections, and its measured peak is where
+    the prediction put it.
+
+    The prediction adds a margin for the spread between repeats (``plan.margin``, at most the throttle in
+    force: what MLX's evaluator may run ahead within a stage); a measured peak may come in below the
+    prediction by up to twice that margin and 5% (a quieter run than the profile's worst), and above it
+    by up to 3%.
+    """
+    assert plan.fits and plan.measured <= budget, str(plan)
+    assert not plan.corrections, str(plan)
+    assert plan.margin <= nv.memory.current_throttle(), (plan.margin, str(plan))
+    low = plan.predicted - 2 * plan.margin - 0.05 * plan.predicted
+    assert low <= plan.measured <= 1.03 * plan.predicted, (low, plan.measured, 1.03 * plan.predicted, str(plan))
+
+
+class FlatStep:
+    """A compiled flat gradient step of :mod:`nuvec_mlx.testing`'s blocks (the benchmark's seed step).
+
+    ``inputs`` are every block's weights, then the input, evaluated; ``step(inputs)`` returns the
+    gradients (of the input, or of every input with ``weight_grads``) followed by the loss.
+
+    Args:
+        kind: ``"mlp"`` or ``"transformer"``.
+        checkpointed: every block wrapped in :func:`nuvec_mlx.checkpoint_flat`, or none.
+        batch, dim, blocks, seq: the size (:func:`nuvec_mlx.testing.flat_inputs`).
+        weight_grads: differentiate every weight too, not the input alone.
+    """
+
+    def __init__(
+        self,
+        kind: str = "mlp",
+        checkpointed: bool = True,
+        batch: int = 256,
+        dim: int = 64,
+        blocks: int = 6,
+        seq: int = 1,
+        weight_grads: bool = False,
+    ):
+        self.inputs = testing.flat_inputs(kind, batch, dim, blocks, seq)
+        loss = testing.flat_loss(kind, blocks, wrap=nv.checkpoint_flat if checkpointed else None)
+        n = len(self.inputs)
+        value_and_grad = nv.value_and_grad_flat(loss, list(range(n)) if weight_grads else [n - 1])
+
+        def step(xs: list[mx.array]) -> list[mx.array]:
+            value, grads = value_and_grad(xs)
+            return grads + [value]
+
+        self.step = nv.compile_flat(step)
+
+
 def tiny_llama(layers: int = 4, hidden: int = 64, vocab: int = 256, seed: int = 0):
     """A random-weight mlx-lm Llama (4 heads, 2 of them key/value), evaluated; skips the test without mlx-lm."""
     llama = pytest.importorskip("mlx_lm.models.llama")
@@ -137,7 +189,7 @@ def held_while_unobserved(monkeypatch, extra: int) -> None:
 # --- a model of residual MLP blocks and the README's training step ----------------------------
 
 
-class Blocks(nn.Module):
+class WideBlocks(nn.Module):
     """``blocks`` residual blocks ``x + W2 tanh(W1 x)`` of width ``dim`` and ``hidden``, in ``model.layers``."""
 
     def __init__(self, dim: int = 64, hidden: int = 256, blocks: int = 6):

@@ -14,7 +14,7 @@ from mlx_lm.utils import save_config, save_model
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from nuvec_mlx_bench import architectures
+from nuvec_mlx import testing
 
 #: The words of the tiny tokenizer; with its four special tokens, the vocabulary of the test models.
 WORDS = [f"w{i}" for i in range(60)]
@@ -41,7 +41,7 @@ def model_folder(
     ``mlx_lm.convert -q`` writes (the base model of QLoRA).
     """
     folder = Path(folder)
-    model, config = architectures.build(architectures.config(arch, hidden, layers, vocab=VOCAB), dtype, quantized)
+    model, config = testing.mlx_lm_model(testing.mlx_lm_config(arch, hidden, layers, vocab=VOCAB), dtype, quantized)
     save_model(folder, model)
     save_config(config, folder / "config.json")
     write_tokenizer(folder)

@@ -72,14 +72,14 @@ MISUSES = [
         r"^batch must be an mlx.core.array or a tuple of the loss's arguments holding arrays, got int$",
     ),
     (
-        "saved_activations (deprecated form): optimizer not an optimizer",
-        lambda: nv.saved_activations(MODEL, total, x, optimizer="adam"),
+        "TrainingStep: optimizer not an optimizer",
+        lambda: nv.TrainingStep(MODEL, total, optimizer="adam"),
         TypeError,
         r"^optimizer must be an mlx.optimizers.Optimizer or None, got str$",
     ),
     (
-        "saved_activations (deprecated form): compile not a bool",
-        lambda: nv.saved_activations(MODEL, total, x, compile="yes"),
+        "TrainingStep: compile not a bool",
+        lambda: nv.TrainingStep(MODEL, total, compile="yes"),
         TypeError,
         r"^compile must be a bool, got str$",
     ),

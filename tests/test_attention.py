@@ -24,17 +24,54 @@ def build(module, **fields):
 
 
 MODELS = {  # the attention each exercises: causal, GQA with q/k norms, a sliding-window array mask, sinks
-    "llama": lambda: build(llama, model_type="llama", hidden_size=32, num_hidden_layers=2, intermediate_size=64,
-                           num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
-    "qwen3": lambda: build(qwen3, model_type="qwen3", hidden_size=32, num_hidden_layers=2, intermediate_size=64,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True,
-                           max_position_embeddings=512, rope_theta=10000.0),
-    "gemma3_text": lambda: build(gemma3_text, model_type="gemma3_text", hidden_size=32, num_hidden_layers=6,
-                                 intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                                 sliding_window=24),
-    "gpt_oss": lambda: build(gpt_oss, model_type="gpt_oss", hidden_size=32, num_hidden_layers=2, intermediate_size=32,
-                             num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=2,
-                             num_experts_per_tok=1, sliding_window=24, layer_types=["sliding_attention", "full_attention"]),
+    "llama": lambda: build(
+        llama,
+        model_type="llama",
+        hidden_size=32,
+        num_hidden_layers=2,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
+    "qwen3": lambda: build(
+        qwen3,
+        model_type="qwen3",
+        hidden_size=32,
+        num_hidden_layers=2,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        tie_word_embeddings=True,
+        max_position_embeddings=512,
+        rope_theta=10000.0,
+    ),
+    "gemma3_text": lambda: build(
+        gemma3_text,
+        model_type="gemma3_text",
+        hidden_size=32,
+        num_hidden_layers=6,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        sliding_window=24,
+    ),
+    "gpt_oss": lambda: build(
+        gpt_oss,
+        model_type="gpt_oss",
+        hidden_size=32,
+        num_hidden_layers=2,
+        intermediate_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_local_experts=2,
+        num_experts_per_tok=1,
+        sliding_window=24,
+        layer_types=["sliding_attention", "full_attention"],
+    ),
 }
 
 
@@ -108,8 +145,16 @@ def test_mx_fast_is_put_back_after_a_step_and_after_an_error():
 def test_the_step_s_peak_grows_with_tokens_not_their_square(compiled):
     """Attention unfused (the CPU, as Metal trains it): chunked, each doubling of the tokens at most doubles
     the step's rise in memory, plus 10%; unchunked, the scores make it grow about fourfold."""
-    model = build(llama, model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    model = build(
+        llama,
+        model_type="llama",
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     rises = {}
     for setting in ("auto", None):
         nv.checkpoint_layers(model, attention_chunk=setting)

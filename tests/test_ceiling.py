@@ -11,7 +11,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 import nuvec_mlx as nv
-from tests.helpers import Blocks, readme_step
+from tests.helpers import WideBlocks, readme_step
 
 MiB = 1 << 20
 
@@ -19,7 +19,7 @@ MiB = 1 << 20
 def training_step():
     gc.collect()  # an earlier test's compiled step (a reference cycle) must not be freed mid-test
     mx.random.seed(0)
-    model = Blocks()
+    model = WideBlocks()
     nv.checkpoint_layers(model)
     opt = optim.AdamW(1e-2)
     opt.init(model.trainable_parameters())
@@ -45,7 +45,7 @@ def test_a_step_above_the_ceiling_stops_at_its_first_stage_above_and_puts_the_st
     nv.eval(step(x), state)  # compile, and give AdamW its first step
     with nv.memory.timeline() as t:
         nv.eval(step(x), state)
-    ceiling = int(mx.get_active_memory() + 0.5 * (t.peak().peak - mx.get_active_memory()))
+    ceiling = int(active() + 0.5 * (t.peak().peak - active()))
     first_above = next(r for r in t.readings if max(r.active, r.peak) > ceiling)
     before, key = values([model.parameters(), opt.state]), mx.random.state[0].tolist()
     with nv.memory.ceiling(ceiling):
@@ -64,7 +64,7 @@ def test_a_step_above_the_ceiling_stops_at_its_first_stage_above_and_puts_the_st
 
 def test_an_evaluation_below_the_ceiling_is_not_stopped(compiled):
     model, opt, state, step = training_step()
-    with nv.memory.ceiling(mx.get_active_memory() + 256 * MiB):
+    with nv.memory.ceiling(active() + 256 * MiB):
         nv.eval(step(mx.random.normal((64, 64))), state)
 
 
@@ -81,7 +81,7 @@ def test_after_a_stop_the_same_ceiling_lets_a_smaller_step_run(compiled):
     nv.eval(step(x), state)
     with nv.memory.timeline() as t:
         nv.eval(step(x), state)
-    ceiling = int(mx.get_active_memory() + 0.5 * (t.peak().peak - mx.get_active_memory()))
+    ceiling = int(active() + 0.5 * (t.peak().peak - active()))
     with nv.memory.ceiling(ceiling):
         for batch in (1024, 64):  # a training loop that halves its batch on MemoryError, say
             try:
@@ -98,7 +98,7 @@ def test_an_eager_step_evaluated_within_the_ceiling_before_its_update_leaves_the
     x = mx.random.normal((1024, 64), key=mx.random.key(1))
     with nv.memory.timeline() as t:
         nv.eval(vg(model, x))
-    ceiling = int(mx.get_active_memory() + 0.5 * (t.peak().peak - mx.get_active_memory()))
+    ceiling = int(active() + 0.5 * (t.peak().peak - active()))
     before = values([model.parameters(), opt.state])
     with nv.memory.ceiling(ceiling):
         loss, grads = vg(model, x)
@@ -125,7 +125,7 @@ def a_step(kind: str):
     loop) and a step updating them with nv.update: nv.compile'd (``"compile"``) or nv.TrainingStep."""
     gc.collect()
     mx.random.seed(0)
-    model = Blocks()
+    model = WideBlocks()
     nv.checkpoint_layers(model)
     opt = optim.AdamW(1e-2)
     mx.eval(model.parameters())

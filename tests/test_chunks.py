@@ -68,8 +68,11 @@ def test_concatenated_chunks_with_their_slice_are_causal_attention_by_query():
 def test_forward_mode_and_batching_go_through_the_chunks():
     q, k, v = qkv()
     t = mx.random.normal(q.shape)
-    assert_close(mx.jvp(lambda q: chunked_attention(q, k, v), [q], [t])[1][0],
-                 mx.jvp(lambda q: attention(q, k, v), [q], [t])[1][0], 1e-6)
+    assert_close(
+        mx.jvp(lambda q: chunked_attention(q, k, v), [q], [t])[1][0],
+        mx.jvp(lambda q: attention(q, k, v), [q], [t])[1][0],
+        1e-6,
+    )
     qs = mx.random.normal((3, *q.shape))
     assert_close(mx.vmap(lambda q: chunked_attention(q, k, v))(qs), mx.vmap(lambda q: attention(q, k, v))(qs), 1e-6)
     per_example = mx.vmap(mx.grad(lambda q: (chunked_attention(q, k, v) ** 2).sum()))(qs)
@@ -99,8 +102,9 @@ def test_compiled_and_nested_in_a_checkpointed_block_as_uncompiled_and_alone(com
     assert_close(grads["layers"][0]["weight"], plain[1]["layers"][0]["weight"], 1e-5)
     chunks = -(-T // 8)
     # The block's forward holds the chunks' forward stages; its backward recomputes them, then their backward.
-    assert [r.kind for r in timeline.readings] == (["chunk"] * chunks + ["forward"] + ["chunk"] * (2 * chunks)
-                                                    + ["backward", "outputs"])
+    assert [r.kind for r in timeline.readings] == (
+        ["chunk"] * chunks + ["forward"] + ["chunk"] * (2 * chunks) + ["backward", "outputs"]
+    )
 
 
 def test_random_draws_are_replayed_chunk_by_chunk():
@@ -128,6 +132,7 @@ def test_one_chunk_of_logits_is_alive_at_a_time(compiled):
     mx.eval(head.parameters(), h, y)
     rises = {}
     for size in (None, 32):
+
         def loss(m, h, y, size=size):
             return token_loss(m, h, y) if size is None else chunked_loss(m, h, y, size)
 

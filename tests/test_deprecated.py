@@ -139,6 +139,19 @@ def test_saved_activations_of_a_model_and_a_loss_are_those_of_their_step():
         nv.saved_activations(model, mean_square, x, policy=2)
 
 
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"optimizer": "adam"}, r"^optimizer must be an mlx.optimizers.Optimizer or None, got str$"),
+        ({"compile": "yes"}, r"^compile must be a bool, got str$"),
+    ],
+)
+def test_saved_activations_of_a_model_and_a_loss_names_a_bad_step_argument(options, match):
+    model, x = small_model()
+    with deprecated("nv.saved_activations"), pytest.raises(TypeError, match=match):
+        nv.saved_activations(model, mean_square, x, **options)
+
+
 def test_mlx_lm_training_step_is_the_training_step():
     nvlm = pytest.importorskip("nuvec_mlx.mlx_lm")
     default_loss = pytest.importorskip("mlx_lm.tuner.trainer").default_loss

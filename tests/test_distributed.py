@@ -186,20 +186,6 @@ def test_all_stats_gathers_every_rank_in_rank_order(ranks):
         assert report["all_stats"] == own, f"rank {rank} gathered {report['all_stats']}, ranks read {own}"
 
 
-def test_benchmark_reports_every_ranks_peak_in_rank_order(ranks):
-    for rank, (report, _) in enumerate(ranks):
-        for name in worker.VARIANTS:
-            expected = [r["peak"][name] for r, _ in ranks]
-            assert report["peak_per_rank"][name] == expected, f"rank {rank}, {name}"
-
-
-def test_benchmark_adds_no_rank_peaks_in_one_process():
-    from nuvec_mlx_bench import measure
-
-    cases = {"a": {"peak": {"median": 5}}}
-    assert measure.add_rank_peaks(cases) == {"a": {"peak": {"median": 5}}}
-
-
 @pytest.mark.parametrize("explicit_group", [False, True])
 def test_all_stats_in_one_process_is_this_process(explicit_group):
     group = mx.distributed.init()

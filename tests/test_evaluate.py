@@ -8,7 +8,7 @@ import pytest
 
 import nuvec_mlx as nv
 from nuvec_mlx import evaluate
-from tests.helpers import assert_close, assert_evaluated, lazy_arrays, rise
+from tests.helpers import FlatStep, assert_close, assert_evaluated, lazy_arrays, rise
 
 MiB = 1 << 20
 
@@ -16,6 +16,7 @@ MiB = 1 << 20
 @pytest.mark.parametrize("throttle", [None, 0, math.inf], ids=["default", "0", "inf"])
 def test_eval_computes_every_array_of_nested_containers_and_several_arguments(throttle):
     x, y, z, w = lazy_arrays(MiB, 4)
+    mx.synchronize()
     before = mx.get_active_memory()
     nv.eval(x, [y, {"z": (z,)}], {"w": w, "note": "text", "none": None}, throttle=throttle)
     assert_evaluated(before, 4 * MiB)
@@ -28,6 +29,7 @@ def test_eval_takes_what_mx_eval_takes():
     layer = nn.Linear(4, 4)
     (layer.weight,) = lazy_arrays(MiB)
     mx.random.uniform(shape=(2,))  # the random state now holds an unevaluated key
+    mx.synchronize()
     before = mx.get_active_memory()
     nv.eval(layer.state, mx.random.state, 3.0, None, "s", [1, (2,)], throttle=0)
     nv.eval()
@@ -60,6 +62,7 @@ def test_eval_never_loosens_a_tighter_user_limit(monkeypatch):
     seen = []
     real_eval = mx.eval
     monkeypatch.setattr(mx, "eval", lambda *a: (seen.append(mx.get_memory_limit()), real_eval(*a)))
+    mx.synchronize()
     tight = mx.get_active_memory() + 100 * MiB
     previous = mx.set_memory_limit(tight)
     try:
@@ -90,17 +93,13 @@ def test_a_throttle_is_bytes_above_the_memory_active_when_the_evaluation_starts(
 
 
 def test_eval_with_a_throttle_holds_back_what_runs_ahead_by_blocks_of_activations(compiled):
-    from nuvec_mlx_bench import workloads
-    from nuvec_mlx_bench.workload import Workload
-
     # A plain step has no stages: only the throttle can hold MLX's evaluator back. Measured on this CPU:
     # 16.5 MiB unthrottled, 11.0 within 1 MiB, 11 of a block's hidden activations fewer.
-    w = Workload("mlp", batch=256, dim=128, blocks=6)
-    sc = workloads.build("none", w)
+    sc = FlatStep("mlp", checkpointed=False, batch=256, dim=128, blocks=6)
     nv.eval(sc.step(sc.inputs))
     unlimited = rise(lambda: sc.step(sc.inputs), lambda o: nv.eval(o, throttle=math.inf))
     throttled = rise(lambda: sc.step(sc.inputs), lambda o: nv.eval(o, throttle=MiB))
-    hidden = 4 * w.block_input_bytes()  # one block's hidden activation (batch x 4 dim)
+    hidden = 4 * sc.inputs[-1].nbytes  # one block's hidden activation (batch x 4 dim)
     assert throttled <= unlimited - 2 * hidden, (throttled / MiB, unlimited / MiB)
 
 
@@ -111,10 +110,8 @@ def test_eval_bad_throttle_raises(throttle, error):
 
 
 def _mlp_step(strategy: str, batch: int = 256, dim: int = 64, blocks: int = 6, weight_grads: bool = False):
-    from nuvec_mlx_bench import workloads
-    from nuvec_mlx_bench.workload import Workload
-
-    return workloads.build(strategy, Workload("mlp", batch=batch, dim=dim, blocks=blocks, weight_grads=weight_grads))
+    """The seed's MLP step: ``"none"`` plain, ``"nuvec"`` every block checkpointed."""
+    return FlatStep("mlp", strategy == "nuvec", batch, dim, blocks, weight_grads=weight_grads)
 
 
 class EvalSpy:

@@ -1,4 +1,4 @@
-"""nv.largest_fit: the largest batch or sequence length that fits, within 5% of the measured largest."""
+"""nv.largest_fit: the largest batch or sequence length that fits, within its tolerance of the measured largest."""
 
 import math
 
@@ -8,6 +8,7 @@ import mlx.optimizers as optim
 import pytest
 
 import nuvec_mlx as nv
+from nuvec_mlx import testing
 from nuvec_mlx.planner.fit import solve
 from tests.helpers import held_while_unobserved, tiny_llama
 
@@ -35,8 +36,14 @@ def peak(model, loss_fn, batch, optimizer):
     return max(peaks)
 
 
+def close(fit, multiple: int, tolerance: float = 0.02) -> int:
+    """How near the bracket closes as nv.largest_fit promises: ``tolerance`` x the fit, rounded down to
+    the multiple, at least one multiple."""
+    return max(multiple, math.floor(tolerance * fit.size / multiple) * multiple)
+
+
 @pytest.mark.slow
-def test_the_largest_sequence_is_within_5_percent_of_the_measured_largest(compiled):
+def test_the_largest_sequence_is_within_the_tolerance_of_the_measured_largest(compiled):
     model = tiny_llama(layers=4)
     tokens = mx.random.randint(0, 256, (2, 2049), key=mx.random.key(1))
     loss_fn = lambda m, x: nn.losses.cross_entropy(m(x[:, :-1]), x[:, 1:]).mean()  # noqa: E731
@@ -46,23 +53,24 @@ def test_the_largest_sequence_is_within_5_percent_of_the_measured_largest(compil
     fit = nv.largest_fit(
         nv.TrainingStep(model, loss_fn, opt), make, budget, sizes=(64, 128, 256), multiple=8, progress=False
     )
-    assert fit.size > 256 and all(p <= budget for s, p in fit.peaks if s == fit.size), str(fit)
-    assert fit.below is not None and fit.below - fit.size <= max(8, 0.02 * fit.size), str(fit)
-    # Measured afresh around the answer: 5% more does not fit, 5% less does.
-    assert peak(model, loss_fn, make(math.ceil(1.05 * fit.size)), opt) > budget
-    assert peak(model, loss_fn, make(math.floor(0.95 * fit.size)), opt) <= budget
+    # What it promises: the answer measured to fit, the smallest size measured not to within the tolerance.
+    assert fit.size > 256 and fit.size % 8 == 0 and all(p <= budget for s, p in fit.peaks if s == fit.size), str(fit)
+    assert fit.below is not None and all(p > budget for s, p in fit.peaks if s == fit.below), str(fit)
+    assert fit.below - fit.size <= close(fit, 8), str(fit)
+    # Measured afresh, the two sides of the bracket are on their sides of the budget, give or take what a
+    # step's peak varies by between runs: what MLX's evaluator runs ahead, at most the throttle.
+    spread = nv.memory.current_throttle()
+    assert peak(model, loss_fn, make(fit.size), opt) <= budget + spread, str(fit)
+    assert peak(model, loss_fn, make(fit.below), opt) > budget - spread, str(fit)
 
 
 @pytest.mark.slow
 def test_the_largest_batch_of_the_benchmark_transformer(compiled):
-    from nuvec_mlx_bench import modules
-    from nuvec_mlx_bench.workload import Workload
-
-    model, x = modules.build(Workload("transformer", batch=64, dim=64, blocks=4, seq=64))
+    model, x = testing.blocks_model("transformer", batch=64, dim=64, blocks=4, seq=64)
     fit = nv.largest_fit(
-        nv.TrainingStep(model, modules.loss), lambda b: x[:b], 16 * MiB, sizes=(2, 4, 8), progress=False
+        nv.TrainingStep(model, testing.blocks_loss), lambda b: x[:b], 16 * MiB, sizes=(2, 4, 8), progress=False
     )
-    assert 8 < fit.size < 64 and fit.below is not None and fit.below - fit.size <= max(1, 0.02 * fit.size)
+    assert 8 < fit.size < 64 and fit.below is not None and fit.below - fit.size <= close(fit, 1)
     assert [s for s, _ in fit.peaks[:3]] == [2, 4, 8] and "largest size that fits 16.0 MiB" in str(fit)
 
 
@@ -78,11 +86,8 @@ def test_sizes_must_be_two_increasing_ints(sizes, error):
 
 @pytest.mark.slow
 def test_the_largest_fit_is_verified_as_its_step_runs_unobserved(monkeypatch, compiled):
-    from nuvec_mlx_bench import modules
-    from nuvec_mlx_bench.workload import Workload
-
-    model, _ = modules.build(Workload("mlp", batch=64, dim=64, blocks=6))
-    step = nv.TrainingStep(model, modules.loss)
+    model, _ = testing.blocks_model("mlp", batch=64, dim=64, blocks=6)
+    step = nv.TrainingStep(model, testing.blocks_loss)
     make = lambda n: mx.random.normal((n, 64), key=mx.random.key(n))  # noqa: E731
     first = nv.largest_fit(step, make, budget=16 << 20, sizes=(64, 128), progress=False)
     extra = 8 << 20

@@ -41,8 +41,8 @@ def test_cross_entropy_in_chunks_is_the_whole_s(reduction, smoothing):
 
     assert_close(chunked(head, h), plain(head, h), 1e-6)
     for loss in (plain, chunked):  # the gradients of the head and of the hidden states
-        grads = nn.value_and_grad(head, lambda m, h: loss(m, h).sum())(head, h)[1]
-        dh = mx.grad(lambda h: loss(head, h).sum())(h)
+        grads = nn.value_and_grad(head, lambda m, h, loss=loss: loss(m, h).sum())(head, h)[1]
+        dh = mx.grad(lambda h, loss=loss: loss(head, h).sum())(h)
         if loss is plain:
             expected = [grads["weight"], grads["bias"], dh]
     assert_close([grads["weight"], grads["bias"], dh], expected, 1e-5)
@@ -67,10 +67,23 @@ NORM = dict(rms_norm_eps=1e-5)
 MODELS = {  # the heads: tied embeddings, a separate lm_head, Gemma 3's, Cohere's scaled logits
     "llama tied": lambda: build(llama, model_type="llama", tie_word_embeddings=True, **SMALL, **NORM),
     "llama untied": lambda: build(llama, model_type="llama", tie_word_embeddings=False, **SMALL, **NORM),
-    "qwen3": lambda: build(qwen3, model_type="qwen3", head_dim=8, tie_word_embeddings=True,
-                           max_position_embeddings=512, rope_theta=10000.0, **SMALL, **NORM),
-    "gemma3_text": lambda: build(gemma3_text, model_type="gemma3_text", **{**SMALL, "num_hidden_layers": 6,
-                                 "num_attention_heads": 2, "num_key_value_heads": 1}, head_dim=16, **NORM),
+    "qwen3": lambda: build(
+        qwen3,
+        model_type="qwen3",
+        head_dim=8,
+        tie_word_embeddings=True,
+        max_position_embeddings=512,
+        rope_theta=10000.0,
+        **SMALL,
+        **NORM,
+    ),
+    "gemma3_text": lambda: build(
+        gemma3_text,
+        model_type="gemma3_text",
+        **{**SMALL, "num_hidden_layers": 6, "num_attention_heads": 2, "num_key_value_heads": 1},
+        head_dim=16,
+        **NORM,
+    ),
     "cohere": lambda: build(cohere, model_type="cohere", logit_scale=0.5, **SMALL),
 }
 
@@ -124,8 +137,7 @@ def test_the_chunked_head_holds_one_chunk_of_logits(compiled):
     """A 4096-word vocabulary over 2 x 512 tokens: trained through the chunked head, the step rises under
     a third of what mlx-lm's loss makes it rise (its logits, softmax and gradient at once)."""
     mx.random.seed(0)
-    model = llama.Model(llama.ModelArgs(model_type="llama", vocab_size=4096, tie_word_embeddings=True,
-                                        **SMALL, **NORM))
+    model = llama.Model(llama.ModelArgs(model_type="llama", vocab_size=4096, tie_word_embeddings=True, **SMALL, **NORM))
     mx.eval(model.parameters())
     nv.checkpoint_layers(model)
     ids = mx.random.randint(0, 4096, (2, 513), key=mx.random.key(1))

@@ -8,7 +8,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 import nuvec_mlx as nv
-from nuvec_mlx import policies
+from nuvec_mlx import policies, testing
 from tests.helpers import assert_close
 
 MATMULS = ("Matmul", "AddMM", "QuantizedMatmul")
@@ -282,7 +282,7 @@ def kept_per_block(model, x, policy):
     else:
         nv.checkpoint_layers(model, policy=policy)
     step = nv.compile(
-        lambda x: nv.value_and_grad(model, modules_loss())(model, x), inputs=[model.state], outputs=[model.state]
+        lambda x: nv.value_and_grad(model, testing.blocks_loss)(model, x), inputs=[model.state], outputs=[model.state]
     )
     nv.eval(step(x))
     with nv.memory.measure() as m, nv.memory.timeline() as t:
@@ -291,25 +291,15 @@ def kept_per_block(model, x, policy):
     return [b - a for a, b in zip(held, held[1:])], max(r.peak for r in t.readings) - m.start
 
 
-def modules_loss():
-    from nuvec_mlx_bench import modules
-
-    return modules.loss
-
-
 @pytest.mark.slow
 def test_save_matmuls_keeps_the_layer_outputs_and_stays_well_below_plain(compiled):
-    from nuvec_mlx_bench import modules
-    from nuvec_mlx_bench.workload import Workload
-
-    w = Workload("transformer", batch=2, dim=64, blocks=4, seq=128)
-    model, x = modules.build(w)
+    model, x = testing.blocks_model("transformer", batch=2, dim=64, blocks=4, seq=128)
     nothing, nothing_peak = kept_per_block(model, x, policies.save_nothing)
     matmuls, matmuls_peak = kept_per_block(model, x, policies.save_matmuls)
     _, plain_peak = kept_per_block(model, x, None)
     # Each block's layer outputs: qkv (3 block inputs), out (1), up (4), down (1); the block's
     # output (1, all save_nothing keeps) is measured to take no buffer of its own beside them.
-    extra = 8 * w.block_input_bytes()
+    extra = 8 * x.nbytes
     for a, b in zip(nothing, matmuls):
         assert 0.9 * extra <= b - a <= 1.1 * extra, (a, b, extra)
     # Measured (CPU, MLX 0.32.4): save_matmuls 3.6 MiB, save_nothing 2.6, plain 9.4.

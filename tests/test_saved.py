@@ -7,6 +7,7 @@ import mlx.nn as nn
 import pytest
 
 import nuvec_mlx as nv
+from nuvec_mlx import testing
 from nuvec_mlx.planner.saved import residuals
 
 KiB = 1 << 10
@@ -56,39 +57,35 @@ def test_views_share_their_source_buffer():
 
 @pytest.fixture(scope="module")
 def transformer():
-    from nuvec_mlx_bench import modules
-    from nuvec_mlx_bench.workload import Workload
-
-    w = Workload("transformer", batch=2, dim=64, blocks=3, seq=128)
-    model, x = modules.build(w)
-    return w, model, x, modules.loss
+    model, x = testing.blocks_model("transformer", batch=2, dim=64, blocks=3, seq=128)
+    return model, x, testing.blocks_loss
 
 
 @pytest.mark.slow
 def test_the_report_matches_the_memory_each_block_keeps_between_its_stages(transformer, compiled):
-    w, model, x, loss = transformer
+    model, x, loss = transformer
     report = nv.saved_activations(nv.TrainingStep(model, loss), x, policy=nv.policies.save_matmuls, measure=True)
     assert len(report.blocks) == 3
     for b in report.blocks:
         unchecked, checkpointed = b.total(b.unchecked), b.total(b.checkpointed)
         # What the graph says a block keeps, plus its output (the next block's input), against
         # what the block held between its forward and backward stages, measured (compiled).
-        assert 0.9 <= b.measured_unchecked / (unchecked - w.block_input_bytes() + b.outputs) <= 1.1, b
-        assert 0.9 <= b.measured_checkpointed / (checkpointed - w.block_input_bytes() + b.outputs) <= 1.1, b
+        assert 0.9 <= b.measured_unchecked / (unchecked - x.nbytes + b.outputs) <= 1.1, b
+        assert 0.9 <= b.measured_checkpointed / (checkpointed - x.nbytes + b.outputs) <= 1.1, b
         kinds = {s.made_by for s in b.checkpointed}
         assert {"qkv (nn.Linear output)", "down (nn.Linear output)", "argument"} <= kinds
     assert not any(nv.is_checkpointed(b) for b in model.layers), "the report left the blocks changed"
 
 
 def test_a_checkpointed_block_keeps_its_input_and_the_report_prints_and_writes_json(transformer, tmp_path):
-    w, model, x, loss = transformer
+    model, x, loss = transformer
     nv.checkpoint_layers(model)
     report = nv.saved_activations(nv.TrainingStep(model, loss), x)
     assert all(nv.is_checkpointed(b) for b in model.layers)
     nv.checkpoint_layers(model, enable=False)
     for b in report.blocks:
-        assert [(s.made_by, s.nbytes) for s in b.checkpointed] == [("argument", w.block_input_bytes())]
-        assert b.total(b.unchecked) > 8 * w.block_input_bytes()
+        assert [(s.made_by, s.nbytes) for s in b.checkpointed] == [("argument", x.nbytes)]
+        assert b.total(b.unchecked) > 8 * x.nbytes
     text = str(report)
     assert "block 0 (layers.0, TransformerBlock)" in text and "checkpointed (save_nothing)" in text
     assert "Softmax" in text and "all blocks:" in text

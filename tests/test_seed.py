@@ -2,13 +2,13 @@
 
 import pytest
 
-from nuvec_mlx_bench import workloads
-from nuvec_mlx_bench.workload import SEED
+from nuvec_mlx_bench.seed import strategies
+from nuvec_mlx_bench.seed.workload import SEED
 from tests.helpers import rise
 
 
 def seed_peak(strategy: str) -> int:
-    sc = workloads.build(strategy, SEED)
+    sc = strategies.build(strategy, SEED)
     return rise(lambda: sc.step(sc.inputs), sc.evaluate)
 
 

@@ -16,8 +16,9 @@ from nuvec_mlx import evaluate
 class Blocks(nn.Module):
     def __init__(self, blocks: int = 3, dim: int = 16):
         super().__init__()
-        self.layers = [nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
-                       for _ in range(blocks)]
+        self.layers = [
+            nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim)) for _ in range(blocks)
+        ]
 
     def __call__(self, x):
         for layer in self.layers:
@@ -92,8 +93,9 @@ def test_without_an_optimizer_it_returns_the_loss_and_the_gradients():
     value, grads = nv.TrainingStep(model, loss_fn)(x, y)
     expected_value, expected = nn.value_and_grad(model, loss_fn)(model, x, y)
     assert mx.array_equal(value, expected_value).item()
-    assert all(mx.array_equal(a, b).item()
-               for (_, a), (_, b) in zip(tree_flatten(grads), tree_flatten(expected), strict=True))
+    assert all(
+        mx.array_equal(a, b).item() for (_, a), (_, b) in zip(tree_flatten(grads), tree_flatten(expected), strict=True)
+    )
 
 
 def test_it_traces_again_when_a_block_s_checkpointing_changes(compiled):
@@ -127,8 +129,11 @@ def test_it_evaluates_with_its_own_settings(monkeypatch):
     model, x, y = case()
     nv.checkpoint_layers(model)
     seen, real = [], evaluate.staged
-    monkeypatch.setattr(evaluate, "staged",
-                        lambda *a, **kw: seen.append((kw["throttle"], kw["ahead"], kw["synchronize"])) or real(*a, **kw))
+    monkeypatch.setattr(
+        evaluate,
+        "staged",
+        lambda *a, **kw: seen.append((kw["throttle"], kw["ahead"], kw["synchronize"])) or real(*a, **kw),
+    )
     step = nv.TrainingStep(model, loss_fn, optim.SGD(0.1), ahead=2, synchronize=True, throttle=1 << 20)
     step(x, y)
     lowest = step.replace(ahead=0)

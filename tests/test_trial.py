@@ -8,7 +8,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 import nuvec_mlx as nv
-from tests.helpers import Blocks, readme_step
+from tests.helpers import WideBlocks, readme_step
 
 MiB = 1 << 20
 
@@ -46,7 +46,7 @@ def containers(opt: optim.MultiOptimizer) -> list[int]:
 @pytest.mark.parametrize("measure", MEASURES)
 def test_a_step_compiled_before_keeps_updating_a_multi_optimizer_s_state_and_retraces(compiled, measure):
     mx.random.seed(0)
-    model = Blocks(dim=32, hidden=64, blocks=3)
+    model = WideBlocks(dim=32, hidden=64, blocks=3)
     nv.checkpoint_layers(model)
     opt = multi_optimizer()
     opt.init(model.trainable_parameters())
