@@ -95,6 +95,21 @@ def test_allow_captured_is_captured(form):
         getattr(nv, form)(lambda xs: xs, allow_captured="no")
 
 
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        lambda: nv.checkpoint(mx.sin, allow_captured=True),
+        lambda: nv.eval(mx.ones(2), budget=1),
+        lambda: nv.plan(Blocks(2, 16), mean_square, (mx.ones((2, 16)),), 1 << 30, progress=False),
+    ],
+    ids=["checkpoint allow_captured", "eval budget", "plan of a model"],
+)
+def test_each_deprecation_warning_points_at_the_users_line(spelling):
+    with pytest.warns(FutureWarning) as seen:
+        spelling()
+    assert (seen[0].filename, seen[0].lineno) == (__file__, spelling.__code__.co_firstlineno)
+
+
 def small_model():
     mx.random.seed(0)
     model = Blocks(2, 16)

@@ -3,6 +3,7 @@ NotStagedWarning of a checkpointed step that runs unstaged."""
 
 import contextlib
 import gc
+import inspect
 import warnings
 
 import mlx.core as mx
@@ -191,6 +192,17 @@ def test_optimizer_update_inside_nv_compile_on_checkpointed_blocks_says_once_to_
         for _ in range(3):
             nv.eval(step(), state)
     assert len(each) == 1 and "nv.update(optimizer, model, grads)" in each[0]  # when traced, once
+
+
+def test_the_unstaged_update_warning_points_at_the_users_call_of_the_step(compiled):
+    *_, state, step = checkpointed_training(lambda optimizer, model, grads: optimizer.update(model, grads))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        line = inspect.currentframe().f_lineno + 1
+        out = step()
+    nv.eval(out, state)
+    [w] = [w for w in seen if issubclass(w.category, nv.NotStagedWarning)]
+    assert (w.filename, w.lineno) == (__file__, line)
 
 
 def test_nv_update_inside_nv_compile_evaluated_by_nv_eval_says_nothing(compiled):
