@@ -962,7 +962,6 @@ def test_the_train_timeline_probe_runs_at_this_commit(capsys):
     assert "backward pass of block" in capsys.readouterr().out
 
 
-
 def test_the_depth_plot_draws_coinciding_lines_in_distinct_colours_markers_and_dashes():
     strategies = ("none", "none-policy", "mx", "nuvec-nopolicy", "nuvec")  # none and none-policy coincide
     got = [depth_row(b, [b], s) for s in strategies for b in (4, 8, 16)]
