@@ -340,6 +340,8 @@ def test_smallest_run_writes_table_json_markdown_and_the_plot(tmp_path, capsys, 
         "dispatch ms (min–max) | evaluation ms (min–max) | tokens/s | largest seq in 3MiB | largest seq in 4MiB |"
         in out
     )
+    header, rule, *body = [line for line in out.splitlines() if line.startswith("| ")]
+    assert header.count("|") == rule.count("|") == body[0].count("|")  # a Markdown table: one cell each
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["environment"]["command"].startswith("nuvec-mlx-bench-train --hidden 32")
     rows = {r["strategy"]: r for r in data["rows"]}

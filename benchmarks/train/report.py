@@ -63,7 +63,7 @@ def table(rows: list[dict], memory: list[int]) -> list[str]:
         "| step s (min–max) | time / mlx-lm | dispatch ms (min–max) | evaluation ms (min–max) | tokens/s"
         + "".join(f" | largest seq in {s}" for s in sizes)
         + " |",
-        "| --- " * (10 + len(sizes)) + "|",
+        "| --- " * (11 + len(sizes)) + "|",
     ]
     for r in rows:
         parts = r.get("parts", {})
