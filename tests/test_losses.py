@@ -48,11 +48,14 @@ def test_cross_entropy_in_chunks_is_the_whole_s(reduction, smoothing):
     assert_close([grads["weight"], grads["bias"], dh], expected, 1e-5)
 
 
-def test_the_head_is_split_into_vocabulary_over_8_hidden_chunks():
-    assert nv.losses.head_chunk(2048, 2048, 128256) == 256  # Llama-3.2-1B: 8 chunks
-    assert nv.losses.head_chunk(2048, 1024, 151936) == 108  # Qwen3-0.6B: 19 chunks
-    assert nv.losses.head_chunk(2048, 1152, 262144) == 71  # Gemma-3-1B: 29 chunks
+def test_the_head_is_split_into_vocabulary_over_8_hidden_chunks_of_128_rows_at_least():
+    assert nv.losses.head_chunk(2048, 2048, 128256, batch=4) == 256  # Llama-3.2-1B: 8 chunks
+    assert nv.losses.head_chunk(2048, 1024, 151936, batch=4) == 108  # Qwen3-0.6B: 19 chunks
+    assert nv.losses.head_chunk(2048, 1152, 262144, batch=4) == 71  # Gemma-3-1B: 29 chunks
     assert nv.losses.head_chunk(100, 64, 64) == 100  # a small vocabulary: one chunk
+    assert nv.losses.head_chunk(512, 128, 128256) == 128  # 126 chunks of 4 rows would be: 128 rows
+    assert nv.losses.head_chunk(512, 128, 128256, batch=8) == 16  # 16 tokens x 8 = 128 rows
+    assert nv.losses.head_chunk(64, 128, 128256) == 64  # fewer tokens than rows: the whole sequence
 
 
 def build(module, **fields):
