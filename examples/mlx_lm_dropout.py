@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,19 +36,36 @@ from mlx_lm.tuner.utils import linear_to_lora_layers
 
 import nuvec_mlx as nv
 from nuvec_mlx import mlx_lm as nv_mlx_lm
-from nuvec_mlx_bench import architectures
-from nuvec_mlx_bench.train_steps import checkpointing
+from nuvec_mlx import testing
 
 BATCH, SEQ, STEPS, VOCAB = 2, 128, 5, 256
 STRATEGIES = ("none", "mlx-lm", "nuvec")
 
 
 def lora_model(dropout: float) -> nn.Module:
-    model, _ = architectures.build(architectures.config("llama", 64, 4, vocab=VOCAB), "bfloat16")
+    model, _ = testing.mlx_lm_model(testing.mlx_lm_config("llama", 64, 4, vocab=VOCAB), "bfloat16")
     model.freeze()
     linear_to_lora_layers(model, len(model.layers), {"rank": 8, "dropout": dropout, "scale": 20.0})
     model.train()
     return model
+
+
+@contextlib.contextmanager
+def checkpointing(strategy: str, model: nn.Module) -> Iterator[None]:
+    """The strategy's checkpoints on the blocks inside: mlx-lm's ``grad_checkpoint`` (a patch of the
+    block class's ``__call__``, put back after) or nuvec's on every block."""
+    if strategy == "nuvec":
+        with nv_mlx_lm.checkpointed_blocks(model):
+            yield
+        return
+    cls = type(model.layers[0])
+    held = cls.__dict__["__call__"]
+    if strategy == "mlx-lm":
+        trainer.grad_checkpoint(model.layers[0])
+    try:
+        yield
+    finally:
+        cls.__call__ = held
 
 
 def batch() -> tuple[mx.array, mx.array]:
