@@ -227,9 +227,10 @@ def assert_same_weights(a: dict, b: dict) -> None:
 
 @pytest.mark.parametrize("mode", ["full", "lora", "qlora"])
 def test_every_strategy_takes_the_same_training_step(eager, mode):
-    """A vocabulary of 1024 over a width of 32 splits nuvec's loss head into chunks: the same step, the
-    sum over tokens reordered (equal to the bit here); without chunks, the very same operations."""
-    w = TrainWorkload("llama", batch=2, seq=32, hidden=32, layers=2, vocab=1024, mode=mode)
+    """A vocabulary of 1024 over a width of 32 splits nuvec's loss head into chunks (two of 16 tokens x 8
+    rows, the 128-row floor): the same step, the sum over tokens reordered (equal to the bit here); without
+    chunks, the very same operations."""
+    w = TrainWorkload("llama", batch=8, seq=32, hidden=32, layers=2, vocab=1024, mode=mode)
     plain_loss, plain, _ = one_step(w, "none")
     for s in STRATEGIES[1:]:
         loss, weights, kinds = one_step(w, s)
