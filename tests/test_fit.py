@@ -21,6 +21,15 @@ def test_solve_extrapolates_a_parabola_and_a_line():
     assert solve([(10, 100), (20, 300)], budget=250, multiple=1) == 17  # above the largest measured size: below it
 
 
+def test_solve_reads_every_point_so_noise_between_close_sizes_cannot_bend_the_curve():
+    """Seen under load: 936 tokens peaked below 920; a parabola through the three sizes nearest the
+    budget then fitted up to 3736 tokens, and the search spent its tries walking down from there."""
+    budget = 24 << 20
+    points = [(64, 3481952), (128, 5087000), (256, 8325116), (896, 24521308), (920, 25008812), (936, 25001194)]
+    assert 920 <= solve(points, budget, multiple=8) <= 952
+    assert solve(points[:3], budget, multiple=8) == 896  # three points: the parabola through them
+
+
 def peak(model, loss_fn, batch, optimizer):
     """The step's peak measured afresh, as a training loop runs it: every block checkpointed (what
     nv.largest_fit measures), a nv.TrainingStep, the higher of two steps after the first."""

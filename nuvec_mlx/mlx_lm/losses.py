@@ -195,7 +195,11 @@ def chunked_loss(
         return default_loss(model, batch, lengths)  # no head apart from the backbone: nothing to chunk
     steps = mx.arange(1, targets.shape[1] + 1)
     mask = mx.logical_and(steps >= lengths[:, 0:1], steps <= lengths[:, 1:])
-    size = chunk if isinstance(chunk, int) else losses.head_chunk(hidden.shape[1], hidden.shape[2], head.vocabulary, hidden.shape[0])
+    size = (
+        chunk
+        if isinstance(chunk, int)
+        else losses.head_chunk(hidden.shape[1], hidden.shape[2], head.vocabulary, hidden.shape[0])
+    )
 
     def part(h: mx.array, ids: mx.array, t: mx.array, m: mx.array) -> mx.array:
         return (nn.losses.cross_entropy(head(h, ids), t) * m).astype(mx.float32).sum()

@@ -58,21 +58,42 @@ class Fit:
 
 
 def _quadratic(points: Sequence[tuple[int, int]]) -> Callable[[float], float]:
-    """The parabola through three (size, peak) points, or the line through the last two when the
-    parabola would bend down (fewer points: a line, or a constant)."""
-    pts = sorted(points)[-3:]
-    if len(pts) == 1:
-        return lambda s: pts[0][1] * s / pts[0][0]
-    if len(pts) == 3:
-        (x0, y0), (x1, y1), (x2, y2) = pts
-        c = ((y2 - y1) / (x2 - x1) - (y1 - y0) / (x1 - x0)) / (x2 - x0)
+    """The least-squares parabola through the (size, peak) points (through three, the parabola itself), or
+    the least-squares line where the parabola would bend down (one point: the line through zero).
+
+    All the points measured, not the last few: peaks measured a few sizes apart near the budget differ by
+    less than their noise on a busy machine, and a curve through those alone can bend anywhere."""
+    if len(points) == 1:
+        (x0, y0), *_ = points
+        return lambda s: y0 * s / x0
+    top = max(x for x, _ in points)  # sizes scaled to at most 1: the sums stay well conditioned
+    us, ys = [x / top for x, _ in points], [float(y) for _, y in points]
+    if len(points) >= 3:
+        sums = [sum(u**k for u in us) for k in range(5)]
+        rhs = [sum(y * u**k for u, y in zip(us, ys)) for k in range(3)]
+        a, b, c = _solve3([[sums[i + j] for j in range(3)] for i in range(3)], rhs)
         if c >= 0:
-            b = (y1 - y0) / (x1 - x0) - c * (x0 + x1)
-            a = y0 - b * x0 - c * x0 * x0
-            return lambda s: a + b * s + c * s * s
-    (x0, y0), (x1, y1) = pts[-2:]
-    slope = (y1 - y0) / (x1 - x0)
-    return lambda s: y1 + slope * (s - x1)
+            return lambda s: a + b * (s / top) + c * (s / top) ** 2
+    n, su, suu = len(us), sum(us), sum(u * u for u in us)
+    sy, suy = sum(ys), sum(u * y for u, y in zip(us, ys))
+    slope = (n * suy - su * sy) / (n * suu - su * su)
+    level = (sy - slope * su) / n
+    return lambda s: level + slope * (s / top)
+
+
+def _solve3(m: list[list[float]], rhs: list[float]) -> tuple[float, float, float]:
+    """``x`` with ``m @ x == rhs`` for a 3 x 3 ``m`` (Cramer's rule)."""
+
+    def det(q: list[list[float]]) -> float:
+        return (
+            q[0][0] * (q[1][1] * q[2][2] - q[1][2] * q[2][1])
+            - q[0][1] * (q[1][0] * q[2][2] - q[1][2] * q[2][0])
+            + q[0][2] * (q[1][0] * q[2][1] - q[1][1] * q[2][0])
+        )
+
+    whole = det(m)
+    x0, x1, x2 = (det([[rhs[i] if j == k else m[i][j] for j in range(3)] for i in range(3)]) / whole for k in range(3))
+    return x0, x1, x2
 
 
 def solve(points: Sequence[tuple[int, int]], budget: int, multiple: int) -> int:
@@ -194,8 +215,7 @@ def _largest_fit(
                 fit = guess
             else:
                 below = guess
-            nearest = sorted(peaks, key=lambda sp: abs(sp[1] - budget))[:3]
-            guess = solve(nearest, budget, multiple)
+            guess = solve(peaks, budget, multiple)
     return Fit(fit, budget, predicted, below, peaks)
 
 
