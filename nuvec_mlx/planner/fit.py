@@ -1,9 +1,10 @@
 """The largest batch or sequence length whose step fits a memory budget: measured, extrapolated, verified.
 
 :func:`largest_fit` measures the step's peak at a few small sizes, fits
-``peak(size) = a + b·size + c·size²`` through the three measured sizes nearest
-the budget (activations grow linearly with the batch, attention scores with
-the square of the sequence), solves it for the budget, and measures the step
+``peak(size) = a + b·size + c·size²`` to every size measured, by least squares
+(activations grow linearly with the batch, attention scores with the square
+of the sequence; all the sizes, since close ones differ by less than their
+noise on a busy machine), solves it for the budget, and measures the step
 at the answer. Each measurement narrows the bracket between the largest size
 measured to fit and the smallest measured not to, and refits, until the
 bracket is within ``tolerance`` of the answer (or ``tries`` runs out). The
