@@ -43,6 +43,7 @@ STRATEGIES = ("none", "mlx-lm", "nuvec")
 
 
 def lora_model(dropout: float) -> nn.Module:
+    mx.random.seed(0)  # the LoRA weights are drawn from the global key: the same model every call
     model, _ = testing.mlx_lm_model(testing.mlx_lm_config("llama", 64, 4, vocab=VOCAB), "bfloat16")
     model.freeze()
     linear_to_lora_layers(model, len(model.layers), {"rank": 8, "dropout": dropout, "scale": 20.0})
@@ -52,20 +53,12 @@ def lora_model(dropout: float) -> nn.Module:
 
 @contextlib.contextmanager
 def checkpointing(strategy: str, model: nn.Module) -> Iterator[None]:
-    """The strategy's checkpoints on the blocks inside: mlx-lm's ``grad_checkpoint`` (a patch of the
-    block class's ``__call__``, put back after) or nuvec's on every block."""
-    if strategy == "nuvec":
-        with nv_mlx_lm.checkpointed_blocks(model):
-            yield
-        return
-    cls = type(model.layers[0])
-    held = cls.__dict__["__call__"]
-    if strategy == "mlx-lm":
-        trainer.grad_checkpoint(model.layers[0])
-    try:
+    """The strategy's checkpoints on the blocks inside: mlx-lm's ``--grad-checkpoint`` or nuvec's."""
+    if strategy == "none":
         yield
-    finally:
-        cls.__call__ = held
+        return
+    with nv_mlx_lm.checkpointed_blocks(model) if strategy == "nuvec" else testing.mlx_lm_checkpoint(model):
+        yield
 
 
 def batch() -> tuple[mx.array, mx.array]:

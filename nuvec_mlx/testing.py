@@ -32,7 +32,7 @@ import contextlib
 import importlib
 import io
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -62,6 +62,7 @@ __all__ = [
     "input_shape",
     "mlp_block",
     "mlx_lm_batch",
+    "mlx_lm_checkpoint",
     "mlx_lm_config",
     "mlx_lm_model",
     "public_config",
@@ -630,3 +631,26 @@ def mlx_lm_batch(vocab: int, batch: int, seq: int, seed: int = 0) -> tuple[mx.ar
     _validate.check_int(seed, "seed", minimum=0)
     tokens = mx.random.randint(0, vocab, (batch, seq + 1), key=mx.random.key(seed))
     return tokens, mx.array([[0, seq + 1]] * batch)
+
+
+@contextlib.contextmanager
+def mlx_lm_checkpoint(model: nn.Module) -> Iterator[None]:
+    """mlx-lm's ``--grad-checkpoint`` on ``model``'s blocks inside, as its trainer applies it, and not after.
+
+    mlx-lm's ``grad_checkpoint(model.layers[0])`` replaces the ``__call__`` of the block's class (every
+    block of it, in every model of that class); here it is put back on leaving. For comparing nuvec's
+    checkpoints with mlx-lm's in one process. Needs mlx-lm.
+
+    Example:
+        >>> with mlx_lm_checkpoint(model):
+        ...     loss, grads = nn.value_and_grad(model, default_loss)(model, tokens, lengths)
+    """
+    from mlx_lm.tuner.trainer import grad_checkpoint
+
+    cls = type(model.layers[0])
+    held = cls.__dict__["__call__"]
+    grad_checkpoint(model.layers[0])
+    try:
+        yield
+    finally:
+        cls.__call__ = held

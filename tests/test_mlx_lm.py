@@ -341,7 +341,7 @@ class DropoutCase:
         with contextlib.ExitStack() as inside, warnings.catch_warnings():
             warnings.simplefilter("ignore", nv.NotStagedWarning)  # nuvec-mx-eval is unstaged on purpose
             if self.strategy == "mlx-lm":
-                inside.enter_context(mlx_lm_checkpoint(self.model))
+                inside.enter_context(testing.mlx_lm_checkpoint(self.model))
             return self._step(self.batch)
 
     def evaluate(self, outputs) -> None:
@@ -349,20 +349,6 @@ class DropoutCase:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", nv.NotStagedWarning)
                 mx.eval(self.state, outputs)
-
-
-@contextlib.contextmanager
-def mlx_lm_checkpoint(model):
-    """mlx-lm's ``grad_checkpoint`` on ``model.layers[0]`` (its class's ``__call__``) inside, put back after."""
-    from mlx_lm.tuner.trainer import grad_checkpoint
-
-    cls = type(model.layers[0])
-    held = cls.__dict__["__call__"]
-    grad_checkpoint(model.layers[0])
-    try:
-        yield
-    finally:
-        cls.__call__ = held
 
 
 @pytest.mark.slow

@@ -55,7 +55,6 @@ from nuvec_mlx import testing
 from nuvec_mlx_bench.core import environment
 from nuvec_mlx_bench.core.figures import spread
 from nuvec_mlx_bench.core.rounds import summary
-from nuvec_mlx_bench.train.cases import mlx_lm_checkpoint
 
 VARIANTS = ("nuvec", "nuvec ahead0", "mx.compile", "mlx-lm")
 #: The fields of one step's sample, in seconds.
@@ -100,7 +99,7 @@ class Variant:
 
     def context(self) -> contextlib.AbstractContextManager[None]:
         """mlx-lm's checkpoint is a patch of the block's class, in place while its step runs."""
-        return mlx_lm_checkpoint(self.model) if self.name == "mlx-lm" else contextlib.nullcontext()
+        return testing.mlx_lm_checkpoint(self.model) if self.name == "mlx-lm" else contextlib.nullcontext()
 
     def timed(self, batch: tuple[mx.array, mx.array]) -> dict[str, float]:
         """One step: its dispatch and evaluation (wall seconds) and the thread's CPU seconds of both."""

@@ -43,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -52,7 +52,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.nn.utils import average_gradients
 from mlx.utils import tree_flatten
-from mlx_lm.tuner.trainer import default_loss, grad_checkpoint
+from mlx_lm.tuner.trainer import default_loss
 from mlx_lm.tuner.utils import linear_to_lora_layers
 
 import nuvec_mlx as nv
@@ -263,24 +263,7 @@ class Case:
         return _nbytes(self.model.parameters()) + _nbytes(self.optimizer.state)
 
     def _checkpointing(self) -> contextlib.AbstractContextManager[None]:
-        return mlx_lm_checkpoint(self.model) if self.strategy == "mlx-lm" else contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def mlx_lm_checkpoint(model: nn.Module) -> Iterator[None]:
-    """mlx-lm's ``grad_checkpoint`` on ``model.layers[0]`` inside (its class's ``__call__``), put back after.
-
-    Example:
-        >>> with mlx_lm_checkpoint(model):
-        ...     grads = step(batch)
-    """
-    cls = type(model.layers[0])
-    held = cls.__dict__["__call__"]
-    grad_checkpoint(model.layers[0])
-    try:
-        yield
-    finally:
-        cls.__call__ = held
+        return testing.mlx_lm_checkpoint(self.model) if self.strategy == "mlx-lm" else contextlib.nullcontext()
 
 
 def _mlx_lm_step(model: nn.Module, optimizer: optim.Optimizer, state: list) -> Callable[..., Any]:
