@@ -188,8 +188,8 @@ class TrainingStep:
         begin = time.perf_counter()
         do_update = (self.calls + 1) % self.accumulate == 0
         # Under a ceiling, a step stopped part-way puts the state back as it was before the call: also
-        # before a first trace makes the optimizer's state, which the next call then makes and traces afresh.
-        undo = self._undo_on_stop() if _ceiling.current() is not None else None
+        # before a first trace makes the optimizer's state.
+        undo = self.snapshot() if _ceiling.current() is not None else None
         traced = self._trace()
         (value, grad), stages = traced(batch, kwargs, self._grad, do_update)
         outputs = [value] if self.optimizer is not None else [value, grad]
@@ -222,38 +222,31 @@ class TrainingStep:
                 self._traced = body.staged
         return self._traced
 
-    def _undo_on_stop(self) -> Callable[[], None]:
-        """:meth:`snapshot`'s undo, which also traces the step afresh at its next call (with its state put
-        back, the trace's state may no longer be the state's, position by position)."""
-        put_back, me = self.snapshot(), weakref.ref(self)  # no reference cycle through the registry's undo
-
-        def undo() -> None:
-            put_back()
-            step = me()
-            if step is not None:
-                step._traced = None
-
-        return undo
-
     def snapshot(self) -> Callable[[], None]:
         """What puts the model, the optimizer's state and the random key back as they are now.
 
         The same containers are kept (a compiled step holds them); state a
-        later step creates (an optimizer's first moments) is removed, and the
-        optimizer fills it in again at its next update.
+        later step creates (an optimizer's first moments) is removed, the
+        optimizer fills it in again at its next update, and the step traces
+        afresh: MLX would reuse a trace begun with the smaller state and write
+        its outputs back by position (a moment into the random key).
 
         Example:
             >>> undo = step.snapshot()
             >>> step(x, y)
             >>> undo()  # as if the step had not run
         """
-        put_back = _pytree.snapshot(self.state)
-        optimizer = self.optimizer
+        state, optimizer, me = self.state, self.optimizer, weakref.ref(self)  # no cycle through a held undo
+        put_back = _pytree.snapshot(state)
 
         def undo() -> None:
+            paths = [path for path, _ in _pytree.flatten(state)]
             put_back()
             if optimizer is not None:  # uninitialised: it fills in what the put-back removed
                 optimizer.state = optimizer.state
+            step = me()
+            if step is not None and [path for path, _ in _pytree.flatten(state)] != paths:
+                step._traced = None
 
         return undo
 

@@ -142,6 +142,23 @@ def test_it_evaluates_with_its_own_settings(monkeypatch):
     assert lowest.model is model and lowest.optimizer is step.optimizer and step.ahead == 2
 
 
+def test_a_snapshot_taken_before_the_optimizer_has_state_puts_it_back_every_time():
+    """The put-back removes the moments the step made; MLX would reuse a trace begun without them and write
+    its outputs back by position (on the third round, a moment into the random key)."""
+    model, x, y = case()
+    nv.checkpoint_layers(model, policy=None)
+    step = nv.TrainingStep(model, lambda m, x, y: loss_fn(m, nn.Dropout(0.5)(x), y), optim.Adam(1e-2))
+    undo, key = step.snapshot(), mx.random.state[0]
+    losses = []
+    for _ in range(3):
+        losses.append(step(x, y).item())
+        assert "layers" in step.optimizer.state and mx.random.state[0].shape == key.shape  # moments where they go
+        undo()
+        assert set(step.optimizer.state) == {"step", "learning_rate"}
+        assert mx.random.state[0].shape == key.shape and mx.array_equal(mx.random.state[0], key).item()
+    assert losses == [losses[0]] * 3
+
+
 def test_a_snapshot_puts_the_model_optimizer_and_random_key_back():
     model, x, y = case()
     nv.checkpoint_layers(model, policy=None)
