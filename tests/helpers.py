@@ -153,25 +153,30 @@ class FlatStep:
         self.step = nv.compile_flat(step)
 
 
+def seeded_model(module, seed: int = 0, **fields) -> nn.Module:
+    """The model of an mlx-lm architecture (``module``: ``mlx_lm.models.<arch>``) with ``fields`` as its
+    arguments, its weights drawn after ``mx.random.seed(seed)``, evaluated."""
+    mx.random.seed(seed)
+    model = module.Model(module.ModelArgs(**fields))
+    mx.eval(model.parameters())
+    return model
+
+
 def tiny_llama(layers: int = 4, hidden: int = 64, vocab: int = 256, seed: int = 0):
     """A random-weight mlx-lm Llama (4 heads, 2 of them key/value), evaluated; skips the test without mlx-lm."""
     llama = pytest.importorskip("mlx_lm.models.llama")
-
-    mx.random.seed(seed)
-    model = llama.Model(
-        llama.ModelArgs(
-            model_type="llama",
-            hidden_size=hidden,
-            num_hidden_layers=layers,
-            intermediate_size=2 * hidden,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            rms_norm_eps=1e-5,
-            vocab_size=vocab,
-        )
+    return seeded_model(
+        llama,
+        seed,
+        model_type="llama",
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        intermediate_size=2 * hidden,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=vocab,
     )
-    mx.eval(model.parameters())
-    return model
 
 
 def held_while_unobserved(monkeypatch, extra: int) -> None:

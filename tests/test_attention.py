@@ -11,16 +11,13 @@ from mlx_lm.tuner.trainer import default_loss
 
 import nuvec_mlx as nv
 from nuvec_mlx import _attention
-from tests.helpers import assert_close
+from tests.helpers import assert_close, seeded_model
 
 VOCAB = 64
 
 
 def build(module, **fields):
-    mx.random.seed(0)
-    model = module.Model(module.ModelArgs(vocab_size=VOCAB, rms_norm_eps=1e-5, **fields))
-    mx.eval(model.parameters())
-    return model
+    return seeded_model(module, vocab_size=VOCAB, rms_norm_eps=1e-5, **fields)
 
 
 MODELS = {  # the attention each exercises: causal, GQA with q/k norms, a sliding-window array mask, sinks

@@ -13,7 +13,7 @@ from mlx_lm.tuner.trainer import default_loss
 import nuvec_mlx as nv
 from nuvec_mlx.mlx_lm import chunked_loss
 from nuvec_mlx.mlx_lm.losses import Head, hidden_states
-from tests.helpers import assert_close
+from tests.helpers import assert_close, seeded_model
 
 VOCAB = 300
 
@@ -59,10 +59,7 @@ def test_the_head_is_split_into_vocabulary_over_8_hidden_chunks_of_128_rows_at_l
 
 
 def build(module, **fields):
-    mx.random.seed(0)
-    model = module.Model(module.ModelArgs(vocab_size=VOCAB, **fields))
-    mx.eval(model.parameters())
-    return model
+    return seeded_model(module, vocab_size=VOCAB, **fields)
 
 
 SMALL = dict(hidden_size=32, num_hidden_layers=2, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
