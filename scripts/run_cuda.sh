@@ -16,6 +16,12 @@
 #   probe-host  benchmarks/probes/host_time.py: the host's time per layer to call and evaluate nuvec's
 #               nv.TrainingStep, the same step under mx.compile and mlx-lm's checkpointed step (a tiny
 #               Qwen3 at 16, 28, 48 layers); PROBE_ARGS adds arguments; needs mlx-lm (below)
+#   seed-mlp    the seed MLP alone at nuvec_mlx's defaults against the plain step (none, nuvec; 9 repeats, no
+#               peers, no depth sweep): issue #27's seed target in a minute
+#   gemma-mlx-lm
+#               benchmarks/probes/strategy_runs.py: one step of mlx-lm's --grad-checkpoint on Gemma-3-1B at
+#               512, 1024 and 2048 tokens (it raises past the sliding window on CUDA; the train-gemma part
+#               leaves that strategy out for it)
 #   mlx-graphs  the MLX strategies again with MLX's own CUDA graph size (100 ops on an H200)
 #   budgets     throttle sweeps of the seed step, input-only and with weight gradients
 #   budget0     the seed MLP (input gradient) and its depth sweep at throttle 0: no run-ahead, and its cost
@@ -47,7 +53,7 @@
 # A part that fails says so at the end of its log and on the console; the others still run, and
 # the script's exit status is 1 if any part failed.
 set -uo pipefail
-usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|plan|plan-transformer|plan-llama|tests|all"
+usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|plan|plan-transformer|plan-llama|tests|all"
 out=${1:?$usage}
 part=${2:?$usage}
 # The machine's paths, each overridable from the environment.
@@ -98,6 +104,12 @@ part_probe_host() {
   with_mlx_lm && mkdir -p "$out/probe-host" &&
     $PY benchmarks/probes/host_time.py --out "$out/probe-host/host_time.json" ${PROBE_ARGS:-}
 }
+part_seed_mlp() {
+  bench --suite full --models mlp --depths "" --peers none --strategies none,nuvec --repeats 9 --out "$out/seed-mlp"
+}
+part_gemma_mlx_lm() {
+  with_mlx_lm && $PY benchmarks/probes/strategy_runs.py --config gemma-3-1b --strategy mlx-lm --seqs 512 1024 2048
+}
 part_mlx_graphs() { MLX_MAX_OPS_PER_BUFFER=100 bench --suite full --peers none --out "$out/mlx-graphs"; }
 part_budgets() {
   sweep --repeats 9 --throttles inf,0,16,64,256 --out "$out/budgets" &&
@@ -121,7 +133,9 @@ with_mlx_lm() {
 train() { with_mlx_lm && $PY -m nuvec_mlx_bench.train --suite h200 "$@" ${TRAIN_ARGS:-}; }
 part_train_llama() { train --configs llama-3.2-1b --out "$out/train-llama"; }
 part_train_qwen() { train --configs qwen3-0.6b --out "$out/train-qwen"; }
-part_train_gemma() { train --configs gemma-3-1b --out "$out/train-gemma"; }
+part_train_gemma() {  # mlx-lm's checkpoint raises on it past 512 tokens (part gemma-mlx-lm)
+  train --configs gemma-3-1b --strategies none,nuvec,nuvec-unchunked --out "$out/train-gemma"
+}
 part_train_moe() { train --configs qwen3-30b-a3b --layers 8 --modes lora --out "$out/train-moe"; }
 part_train() {
   local status=0 p
@@ -146,7 +160,7 @@ run_part() {  # run_part NAME: the part's output into its log; a failure is said
 }
 
 case $part in
-  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|plan|plan-transformer|plan-llama|tests)
+  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|plan|plan-transformer|plan-llama|tests)
     run_part "$part" ;;
   all)
     for p in suite mlx-graphs budgets budget0 plan plan-llama; do run_part "$p"; done

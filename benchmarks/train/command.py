@@ -23,8 +23,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import math
 from pathlib import Path
 
+import mlx.core as mx
 import mlx_lm
 from tqdm import tqdm
 
@@ -170,6 +172,15 @@ def peak_at(case: Case, seq: int) -> int:
     return rounds.peak(lambda: case.step(batch), finish, mlx_measure.MlxProbe())
 
 
+def _rebuild(cases: dict[str, Case], strategy: str) -> None:
+    """Build ``cases[strategy]`` afresh: a step stopped by running out of device memory leaves its model
+    and optimizer state unevaluated (the step's outputs, which no later step can compute either)."""
+    w = cases.pop(strategy).workload
+    gc.collect()
+    mx.clear_cache()
+    cases[strategy] = Case(w, strategy)
+
+
 def measure_workload(w: TrainWorkload, args: argparse.Namespace) -> list[dict]:
     """One workload's rows: each strategy's peak, time and its parts, peaks along ``--seqs`` and the
     largest length that fits each of ``--memory``."""
@@ -200,15 +211,24 @@ def measure_workload(w: TrainWorkload, args: argparse.Namespace) -> list[dict]:
             for s, c in cases.items():
                 by[s]["sweep"][seq] = peak_at(c, seq)
                 bar.update()
-    searched_cases = cases.items() if args.memory else ()
-    for s, c in tqdm(searched_cases, desc=f"{w.label()}: largest lengths", unit="strategy", disable=not args.memory):
+    searched_cases = list(cases) if args.memory else []
+    for s in tqdm(searched_cases, desc=f"{w.label()}: largest lengths", unit="strategy", disable=not args.memory):
         measured_peaks = {**by[s]["sweep"]}
-        searched = by[s]["search"]
+        row, resident = by[s], cases[s].resident()
 
-        def fits(seq: int, memory: int, c: Case = c, seen: dict = measured_peaks, searched: dict = searched) -> bool:
+        def fits(
+            seq: int, memory: int, s: str = s, seen: dict = measured_peaks, row: dict = row, resident: int = resident
+        ) -> bool:
             if seq not in seen:
-                seen[seq] = searched[seq] = peak_at(c, seq)
-            return c.resident() + seen[seq] <= memory
+                try:
+                    seen[seq] = row["search"][seq] = peak_at(cases[s], seq)
+                except RuntimeError as e:  # the device cannot hold the step at all
+                    if "out of memory" not in str(e):
+                        raise
+                    seen[seq] = math.inf
+                    row.setdefault("out_of_memory", []).append(seq)
+                    _rebuild(cases, s)  # for the search's next length
+            return resident + seen[seq] <= memory
 
         by[s]["largest_seq"] = {
             options.size_text(m): lengths.largest_fitting(
@@ -218,7 +238,7 @@ def measure_workload(w: TrainWorkload, args: argparse.Namespace) -> list[dict]:
         }
     for r in rows:
         r["growth"] = lengths.growth({int(k): v for k, v in {**r["sweep"], **r["search"]}.items()})
-    del cases
+    cases.clear()  # the models, before the next workload builds its own
     gc.collect()
     return report.add_ratios(rows)
 
