@@ -441,3 +441,32 @@ def test_doublings_are_the_peak_ratios_of_each_length_measured_with_its_double_f
     sweep = {"512": 4, "1024": 10, "2048": 21, "3000": 30, "4096": 44}
     assert report.doublings(sweep) == [(1024, 2.1), (2048, 44 / 21)]
     assert report.doublings({"512": 4, "1024": 9}) == []
+
+
+def test_a_length_the_device_cannot_hold_does_not_fit_and_the_search_goes_on_with_a_fresh_case(tmp_path, monkeypatch):
+    measure, stepped = command.peak_at, []
+
+    def peak_at(case, seq):  # the device runs out of memory past 64 tokens, as a CUDA allocation does
+        stepped.append((case, seq))  # held: each case's identity stays its own
+        if seq > 64:
+            raise RuntimeError("cudaMallocAsync(&data, size, stream) failed: out of memory")
+        return measure(case, seq)
+
+    monkeypatch.setattr(command, "peak_at", peak_at)
+    argv = [*SMALLEST, "--modes", "lora", "--strategies", "none,nuvec", "--seqs", "", "--memory", "1GiB"]
+    rows = command.run([*argv, "--seq-step", "32", "--max-seq", "256", "--out", str(tmp_path)])
+    for r in rows:
+        assert r["largest_seq"] == {"1GiB": 64} and r["out_of_memory"] == [128, 96]
+        assert set(r["search"]) == {32, 64}  # a length that did not run has no peak
+    after = [next(case for case, seq in stepped[i + 1 :]) for i, (_, seq) in enumerate(stepped) if seq == 128]
+    assert len(after) == 2 and all(a is not b for a, b in zip(after, [c for c, s in stepped if s == 128]))
+
+
+def test_an_error_other_than_running_out_of_memory_stops_the_search(tmp_path, monkeypatch):
+    def peak_at(case, seq):
+        raise RuntimeError("[scaled_dot_product_attention] Does not support VJP with respect to mask")
+
+    monkeypatch.setattr(command, "peak_at", peak_at)
+    argv = [*SMALLEST, "--modes", "lora", "--strategies", "none", "--seqs", "", "--memory", "1GiB"]
+    with pytest.raises(RuntimeError, match="Does not support VJP"):
+        command.run([*argv, "--out", str(tmp_path)])
