@@ -943,7 +943,7 @@ def load_probe(name: str):
 
 
 def test_every_probe_is_one_this_file_runs():
-    assert {p.stem for p in (BENCH / "probes").glob("*.py")} == {"host_time", "train_timeline"}
+    assert {p.stem for p in (BENCH / "probes").glob("*.py")} == {"host_time", "strategy_runs", "train_timeline"}
 
 
 @pytest.mark.slow
@@ -954,6 +954,23 @@ def test_the_host_time_probe_runs_at_this_commit(tmp_path, capsys):
     assert set(results[2]) == {"nuvec", "nuvec ahead0", "mx.compile", "mlx-lm"}
     assert all(len(r["host cpu"]["repeats"]) == 2 and r["dispatch"]["median"] > 0 for r in results[2].values())
     assert "| nuvec |" in capsys.readouterr().out and json.loads((tmp_path / "t.json").read_text())["results"]
+
+
+@pytest.mark.slow
+def test_the_strategy_probe_says_whether_each_length_ran_or_what_it_raised(monkeypatch):
+    probe = load_probe("strategy_runs")
+    argv = ["--config", "qwen3-0.6b", "--layers", "1", "--batch", "1", "--strategy", "nuvec", "--seqs", "8", "16"]
+    ran = probe.main(argv)
+    assert [line.split(": ")[0] for line in ran] == ["qwen3-0.6b lora nuvec B=1 T=8", "qwen3-0.6b lora nuvec B=1 T=16"]
+    assert all(": ran, loss " in line for line in ran)
+
+    def refused(self, batch):
+        raise RuntimeError("[scaled_dot_product_attention] Does not support VJP with respect to mask")
+
+    monkeypatch.setattr(probe.Case, "step", refused)
+    assert probe.main(argv[:-1])[0].endswith(
+        "raised RuntimeError: [scaled_dot_product_attention] Does not support VJP with respect to mask"
+    )
 
 
 @pytest.mark.slow

@@ -140,7 +140,8 @@ def test_the_trial_measures_the_users_nv_update_step_not_its_own_undo(case):
     finally:
         nv.checkpoint_layers(case.model, enable=False)
     assert not least.fits and abs(least.start - m.start) <= 64 << 10, (least.start, m.start)
-    assert abs(least.measured - (m.start + m.rise)) <= 256 << 10, (least.measured, m.start + m.rise)
+    # 0.3 MiB apart was seen with both cores busy beside the suite; the defect this guards against is 6.8 MiB.
+    assert abs(least.measured - (m.start + m.rise)) <= 1 << 20, (least.measured, m.start + m.rise)
 
 
 @of("mlp")
