@@ -20,8 +20,8 @@
 #               peers, no depth sweep): issue #27's seed target in a minute
 #   gemma-mlx-lm
 #               benchmarks/probes/strategy_runs.py: one step of mlx-lm's --grad-checkpoint on Gemma-3-1B at
-#               512, 1024 and 2048 tokens (it raises past the sliding window on CUDA; the train-gemma part
-#               leaves that strategy out for it)
+#               512, 1024 and 2048 tokens (an early probe saw it raise past the sliding window; on 2026-12-05
+#               it ran)
 #   mlx-graphs  the MLX strategies again with MLX's own CUDA graph size (100 ops on an H200)
 #   budgets     throttle sweeps of the seed step, input-only and with weight gradients
 #   budget0     the seed MLP (input gradient) and its depth sweep at throttle 0: no run-ahead, and its cost
@@ -30,7 +30,8 @@
 #               grad_checkpoint, nuvec, nuvec unchunked; peak against length (512 to 8192 tokens) and the
 #               largest length in 8, 16 and 32 GiB
 #   train-qwen, train-gemma
-#               the same on Qwen3-0.6B and on Gemma-3-1B
+#               the same on Qwen3-0.6B and on Gemma-3-1B (whose unchecked step at batch 4 x 4096 would build 2^32
+#               logits, which ends MLX's process on CUDA: the benchmark skips such steps, LOGITS_LIMIT)
 #   train-moe   the same on Qwen3-30B-A3B's configuration, LoRA, 8 of its 48 layers (every strategy holds
 #               a model: four of the whole model do not fit an H200)
 #   train       the four (longer than one device call: run the parts where calls are limited)
@@ -133,9 +134,7 @@ with_mlx_lm() {
 train() { with_mlx_lm && $PY -m nuvec_mlx_bench.train --suite h200 "$@" ${TRAIN_ARGS:-}; }
 part_train_llama() { train --configs llama-3.2-1b --out "$out/train-llama"; }
 part_train_qwen() { train --configs qwen3-0.6b --out "$out/train-qwen"; }
-part_train_gemma() {  # mlx-lm's checkpoint raises on it past 512 tokens (part gemma-mlx-lm)
-  train --configs gemma-3-1b --strategies none,nuvec,nuvec-unchunked --out "$out/train-gemma"
-}
+part_train_gemma() { train --configs gemma-3-1b --out "$out/train-gemma"; }
 part_train_moe() { train --configs qwen3-30b-a3b --layers 8 --modes lora --out "$out/train-moe"; }
 part_train() {
   local status=0 p

@@ -470,3 +470,20 @@ def test_an_error_other_than_running_out_of_memory_stops_the_search(tmp_path, mo
     argv = [*SMALLEST, "--modes", "lora", "--strategies", "none", "--seqs", "", "--memory", "1GiB"]
     with pytest.raises(RuntimeError, match="Does not support VJP"):
         command.run([*argv, "--out", str(tmp_path)])
+
+
+def test_a_step_that_would_build_whole_logits_past_the_limit_is_not_run_and_does_not_fit(tmp_path, monkeypatch):
+    monkeypatch.setattr("nuvec_mlx_bench.train.cases.LOGITS_LIMIT", 2 * 64 * 64)  # batch 2 x 64 tokens x 64
+    argv = [*SMALLEST, "--modes", "lora", "--strategies", "none,nuvec-unchunked,nuvec", "--seqs", "32,64"]
+    rows = {
+        r["strategy"]: r
+        for r in command.run(
+            [*argv, "--memory", "1GiB", "--seq-step", "32", "--max-seq", "128", "--out", str(tmp_path)]
+        )
+    }
+    for whole in ("none", "nuvec-unchunked"):  # mlx-lm's loss and the unchunked one build the whole logits
+        assert set(rows[whole]["sweep"]) == {32} and rows[whole]["not_run"] == [64, 64]  # the sweep's, the search's
+        assert rows[whole]["largest_seq"] == {"1GiB": 32}
+    assert set(rows["nuvec"]["sweep"]) == {32, 64} and "not_run" not in rows["nuvec"]  # chunked: never whole
+    assert rows["nuvec"]["largest_seq"] == {"1GiB": 128}
+    assert "- not run (whole logits of 8,192 elements or more" in (tmp_path / "results.md").read_text()

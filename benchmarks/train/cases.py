@@ -79,6 +79,11 @@ NUVEC_STEPS = {
     "nuvec-ahead2": NuvecStep("auto", nv_mlx_lm.chunked_loss, ahead=2),
 }
 STRATEGIES = ("none", "mlx-lm", *NUVEC_STEPS, "nuvec-mx-eval")
+#: A step that builds the whole logits is not run at this many elements or more: on MLX 0.32.4's CUDA
+#: backend it ended the process (integer divide-by-zero in libmlx, a 32-bit index; Gemma-3-1B at batch 4 x
+#: 4096 tokens, ``benchmarks/results/h200/2026-12-05-train/``), which no ``except`` can catch. Not tried on
+#: other backends, where such a step (16 GiB of float32 logits) is out of a benchmark's reach anyway.
+LOGITS_LIMIT = 2**32
 MODES = ("full", "lora", "qlora")
 #: The vocabulary of an architecture scaled by :func:`nuvec_mlx.testing.mlx_lm_config` unless told.
 VOCAB = 32000
@@ -257,6 +262,13 @@ class Case:
             return outputs
 
         return step, self.evaluate
+
+    def runs_at(self, seq: int) -> bool:
+        """Whether a step of ``seq`` tokens is run: not where it would build whole logits of
+        :data:`LOGITS_LIMIT` elements or more (nuvec's chunked head never builds them)."""
+        how = NUVEC_STEPS.get(self.strategy)
+        whole = how is None or how.loss is not nv_mlx_lm.chunked_loss
+        return not whole or self.workload.batch * seq * self.vocab < LOGITS_LIMIT
 
     def resident(self) -> int:
         """Bytes this case holds between steps: the model's parameters and the optimizer's state."""

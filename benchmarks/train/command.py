@@ -209,7 +209,10 @@ def measure_workload(w: TrainWorkload, args: argparse.Namespace) -> list[dict]:
     with tqdm(total=steps, desc=f"{w.label()}: peak against length", unit="step", disable=not steps) as bar:
         for seq in args.seqs:
             for s, c in cases.items():
-                by[s]["sweep"][seq] = peak_at(c, seq)
+                if c.runs_at(seq):
+                    by[s]["sweep"][seq] = peak_at(c, seq)
+                else:
+                    by[s].setdefault("not_run", []).append(seq)
                 bar.update()
     searched_cases = list(cases) if args.memory else []
     for s in tqdm(searched_cases, desc=f"{w.label()}: largest lengths", unit="strategy", disable=not args.memory):
@@ -219,6 +222,9 @@ def measure_workload(w: TrainWorkload, args: argparse.Namespace) -> list[dict]:
         def fits(
             seq: int, memory: int, s: str = s, seen: dict = measured_peaks, row: dict = row, resident: int = resident
         ) -> bool:
+            if seq not in seen and not cases[s].runs_at(seq):  # counted as not fitting
+                seen[seq] = math.inf
+                row.setdefault("not_run", []).append(seq)
             if seq not in seen:
                 try:
                     seen[seq] = row["search"][seq] = peak_at(cases[s], seq)

@@ -13,6 +13,7 @@ from nuvec_mlx import default_ahead
 
 from ..core import mlx_measure, options, rounds, throttle
 from ..core.figures import MiB, caption, save_figure, spread
+from . import cases
 
 #: The bases each row's peak and time are set against (``peak_vs_<base>``, ``time_vs_<base>``).
 BASES = ("none", "mlx-lm", "nuvec-unchunked")
@@ -125,6 +126,12 @@ def notes(rows: list[dict], args: argparse.Namespace) -> list[str]:
             f"- largest seq: the longest multiple of {args.seq_step} tokens (up to {args.max_seq}) whose held + step "
             f"peak stays within {', '.join(options.size_text(m) for m in args.memory)}, found by measuring steps "
             "(doubling from the workload's length, then bisecting)"
+        )
+    not_run = {f"{r['label']}: {r['strategy']}": r["not_run"] for r in rows if r.get("not_run")}
+    if not_run:
+        lines.append(
+            f"- not run (whole logits of {cases.LOGITS_LIMIT:,} elements or more end MLX's process on CUDA; counted as "
+            "not fitting in the search): " + "; ".join(f"{k} at {sorted(v)} tokens" for k, v in not_run.items())
         )
     lines.append(
         "- targets (set for an H200 at the public 1B configurations, bf16, batch 4 x 2048; elsewhere a hint): "
