@@ -16,6 +16,10 @@ import pytest
 import nuvec_mlx as nv
 from nuvec_mlx import testing
 
+#: A test whose step runs unstaged on purpose (mx.eval of nuvec's checkpoints, an optimizer's update inside
+#: nv.compile, a gradient graph read without evaluating it): its NotStagedWarning is expected, not shown.
+unstaged_on_purpose = pytest.mark.filterwarnings("ignore::nuvec_mlx.NotStagedWarning")
+
 
 def assert_close(actual, expected, rtol: float = 1e-6) -> None:
     """Relative closeness of two arrays (or lists of arrays), measured by max-norm.

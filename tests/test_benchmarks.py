@@ -31,6 +31,7 @@ from nuvec_mlx_bench.plan import rules
 from nuvec_mlx_bench.seed import floors, rows, strategies
 from nuvec_mlx_bench.seed.workload import MODELS, SEED, Workload, block_weights, host_inputs
 from nuvec_mlx_bench.sweep import command as sweep
+from tests.helpers import unstaged_on_purpose
 
 MiB = 1 << 20
 ROOT = Path(__file__).resolve().parents[1]
@@ -460,6 +461,7 @@ def test_command_line_quotes_its_arguments():
 # --- seed/strategies.py ----------------------------------------------------------------
 
 
+@unstaged_on_purpose
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("weight_grads", [False, True])
 def test_every_strategy_computes_the_same_step(compiled, model, weight_grads):
@@ -649,6 +651,7 @@ def test_plot_caption_names_command_backend_device_mlx_and_blas():
 # --- peak/command.py -------------------------------------------------------------------
 
 
+@unstaged_on_purpose
 def test_smallest_run_writes_table_json_markdown_and_plots(tmp_path, capsys, compiled):
     assert peak.main([*SMALLEST, "--seq", "8", "--depths", "2,4", "--out", str(tmp_path)]) == 0
     names = {p.name for p in tmp_path.iterdir()}

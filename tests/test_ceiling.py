@@ -11,7 +11,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 import nuvec_mlx as nv
-from tests.helpers import WideBlocks, readme_step
+from tests.helpers import WideBlocks, readme_step, unstaged_on_purpose
 
 MiB = 1 << 20
 
@@ -39,6 +39,7 @@ def values(tree):
     return [(k, v.tolist()) for k, v in tree_flatten(tree) if isinstance(v, mx.array)]
 
 
+@unstaged_on_purpose
 def test_a_step_above_the_ceiling_stops_at_its_first_stage_above_and_puts_the_state_back(compiled):
     model, opt, state, step = training_step()
     x = mx.random.normal((1024, 64), key=mx.random.key(1))
@@ -62,6 +63,7 @@ def test_a_step_above_the_ceiling_stops_at_its_first_stage_above_and_puts_the_st
     assert values(model.parameters()) != before[: len(values(model.parameters()))]
 
 
+@unstaged_on_purpose
 def test_an_evaluation_below_the_ceiling_is_not_stopped(compiled):
     model, opt, state, step = training_step()
     with nv.memory.ceiling(active() + 256 * MiB):
@@ -75,6 +77,7 @@ def test_a_ceiling_that_is_not_bytes_raises(nbytes, error):
             pass
 
 
+@unstaged_on_purpose
 def test_after_a_stop_the_same_ceiling_lets_a_smaller_step_run(compiled):
     model, opt, state, step = training_step()
     x = mx.random.normal((1024, 64), key=mx.random.key(1))

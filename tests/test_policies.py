@@ -9,7 +9,7 @@ from mlx.utils import tree_flatten
 
 import nuvec_mlx as nv
 from nuvec_mlx import policies, testing
-from tests.helpers import assert_close
+from tests.helpers import assert_close, unstaged_on_purpose
 
 MATMULS = ("Matmul", "AddMM", "QuantizedMatmul")
 
@@ -108,6 +108,7 @@ def held_per_forward_stage(step):
     return [b - a for a, b in zip(held, held[1:])]
 
 
+@unstaged_on_purpose
 def test_save_matmuls_recomputes_no_layer_and_save_nothing_recomputes_them(tmp_path):
     model, x = model_and_input()
     plain = matmuls_in_gradient_graph(model, x, tmp_path)
@@ -219,6 +220,7 @@ def test_named_values_of_a_flat_function_are_kept(compiled_step, compiled):
     assert_close(out, plain, 1e-5)
 
 
+@unstaged_on_purpose
 def test_a_checkpointed_function_keeps_the_layers_of_the_module_it_captures(tmp_path):
     model, x = model_and_input(blocks=1)
     layer = model.layers[0]
@@ -260,6 +262,7 @@ def test_checkpointing_again_with_another_policy_takes_it():
     assert not any(nv.is_checkpointed(b) for b in model.layers)
 
 
+@unstaged_on_purpose
 def test_save_names_and_the_saveable_it_sees():
     seen = []
     policy = policies.save_names("a", "b")

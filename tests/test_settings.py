@@ -4,6 +4,7 @@ import mlx.core as mx
 import pytest
 
 import nuvec_mlx as nv
+from tests.helpers import unstaged_on_purpose
 
 MiB = 1 << 20
 
@@ -64,6 +65,7 @@ def loss_of(block):
     return lambda xs: block(xs)[0].sum()
 
 
+@unstaged_on_purpose
 @pytest.mark.parametrize("compile_step", [False, True], ids=["eager", "compiled"])
 def test_exception_while_recomputing_in_backward_restores_settings(compile_step, compiled):
     def run(block):

@@ -12,7 +12,7 @@ import pytest
 
 import nuvec_mlx as nv
 from nuvec_mlx import _marks, _registry
-from tests.helpers import Blocks, assert_evaluated, lazy_arrays, mean_square
+from tests.helpers import Blocks, assert_evaluated, lazy_arrays, mean_square, unstaged_on_purpose
 
 KiB = 1 << 10
 
@@ -96,6 +96,7 @@ def test_an_entry_lets_its_stages_go_once_its_arrays_are_gone():
     assert mx.get_active_memory() - before < 4096, "a forgotten step's stages are still held"
 
 
+@unstaged_on_purpose
 def test_the_registry_remembers_a_bounded_number_of_steps():
     kept = [lazy_arrays(KiB) for _ in range(_registry.REMEMBERED + 5)]
     with pytest.warns(nv.NotStagedWarning):  # the oldest, forgotten, ran unstaged
