@@ -946,7 +946,12 @@ def load_probe(name: str):
 
 
 def test_every_probe_is_one_this_file_runs():
-    assert {p.stem for p in (BENCH / "probes").glob("*.py")} == {"host_time", "strategy_runs", "train_timeline"}
+    assert {p.stem for p in (BENCH / "probes").glob("*.py")} == {
+        "head_time",
+        "host_time",
+        "strategy_runs",
+        "train_timeline",
+    }
 
 
 @pytest.mark.slow
@@ -957,6 +962,13 @@ def test_the_host_time_probe_runs_at_this_commit(tmp_path, capsys):
     assert set(results[2]) == {"nuvec", "nuvec ahead0", "mx.compile", "mlx-lm"}
     assert all(len(r["host cpu"]["repeats"]) == 2 and r["dispatch"]["median"] > 0 for r in results[2].values())
     assert "| nuvec |" in capsys.readouterr().out and json.loads((tmp_path / "t.json").read_text())["results"]
+
+
+def test_the_head_time_probe_times_the_head_three_ways_with_the_same_gradient(capsys):
+    got = load_probe("head_time").main(["--tokens", "512", "--vocab", "4096", "--repeats", "1"])
+    assert set(got) == {"whole", "chunked", "grad in forward"}
+    assert all(r["seconds"] > 0 and r["difference"] < 1e-2 for r in got.values())
+    assert "chunks of 128 tokens" in capsys.readouterr().out  # 4096 / (8 x 128): 4 chunks of the 512 tokens
 
 
 @pytest.mark.slow
