@@ -181,6 +181,24 @@ def _rebuild(cases: dict[str, Case], strategy: str) -> None:
     cases[strategy] = Case(w, strategy)
 
 
+def _searched_peak(cases: dict[str, Case], strategy: str, seq: int, row: dict) -> float:
+    """The length search's peak of ``strategy`` at ``seq`` tokens, also kept in ``row["search"]``; infinite,
+    so that it does not fit, where the step is not run (:meth:`Case.runs_at`, listed in ``row["not_run"]``)
+    or the device cannot hold it at all (``row["out_of_memory"]``; the case is rebuilt for the next length)."""
+    if not cases[strategy].runs_at(seq):
+        row.setdefault("not_run", []).append(seq)
+        return math.inf
+    try:
+        row["search"][seq] = peak_at(cases[strategy], seq)
+    except RuntimeError as e:
+        if "out of memory" not in str(e):
+            raise
+        row.setdefault("out_of_memory", []).append(seq)
+        _rebuild(cases, strategy)
+        return math.inf
+    return row["search"][seq]
+
+
 def measure_workload(w: TrainWorkload, args: argparse.Namespace) -> list[dict]:
     """One workload's rows: each strategy's peak, time and its parts, peaks along ``--seqs`` and the
     largest length that fits each of ``--memory``."""
@@ -222,18 +240,8 @@ def measure_workload(w: TrainWorkload, args: argparse.Namespace) -> list[dict]:
         def fits(
             seq: int, memory: int, s: str = s, seen: dict = measured_peaks, row: dict = row, resident: int = resident
         ) -> bool:
-            if seq not in seen and not cases[s].runs_at(seq):  # counted as not fitting
-                seen[seq] = math.inf
-                row.setdefault("not_run", []).append(seq)
             if seq not in seen:
-                try:
-                    seen[seq] = row["search"][seq] = peak_at(cases[s], seq)
-                except RuntimeError as e:  # the device cannot hold the step at all
-                    if "out of memory" not in str(e):
-                        raise
-                    seen[seq] = math.inf
-                    row.setdefault("out_of_memory", []).append(seq)
-                    _rebuild(cases, s)  # for the search's next length
+                seen[seq] = _searched_peak(cases, s, seq, row)
             return resident + seen[seq] <= memory
 
         by[s]["largest_seq"] = {
