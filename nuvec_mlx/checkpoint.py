@@ -30,7 +30,19 @@ from typing import Any, cast
 
 import mlx.core as mx
 
-from . import _attention, _constants, _depends, _marks, _policies, _pytree, _random, _saving, _validate, policies
+from . import (
+    _attention,
+    _constants,
+    _depends,
+    _gradient,
+    _marks,
+    _policies,
+    _pytree,
+    _random,
+    _saving,
+    _validate,
+    policies,
+)
 
 FlatFn = Callable[[list[mx.array]], Sequence[mx.array]]
 
@@ -89,8 +101,9 @@ class _Call:
 
     def forward(self, xs: list[mx.array]) -> list[mx.array]:
         # On stopped inputs: what the forward's own graph differentiates is
-        # only what fn read from elsewhere (see _also_into).
-        with self.kept.recording():
+        # only what fn read from elsewhere (see _also_into). Its values are
+        # recomputed for the backward pass: no gradient is taken of these.
+        with self.kept.recording(), _gradient.building(False):
             out = self.run([mx.stop_gradient(x) for x in xs])
         self.signature = _signature(out)
         if not out:  # mx.custom_function needs an output; nothing depends on this one

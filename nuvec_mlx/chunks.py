@@ -13,6 +13,15 @@ intermediates are alive at a time. The gradients of inputs every chunk reads
 whole (weights, attention's keys) are summed as the chunks go, not kept per
 chunk.
 
+A function with one output summed over the chunks, a scalar (a loss), needs no
+recomputation under nuvec's gradients (:func:`nuvec_mlx.value_and_grad`,
+:func:`nuvec_mlx.TrainingStep`; :mod:`nuvec_mlx._gradient`): each chunk's
+gradient is taken in the forward pass with its value, in the chunk's stage, and
+the backward pass scales them by the loss's cotangent. The peak is the same
+(a chunk's logits and their gradient are alive in one stage either way); the
+chunk is computed once instead of twice. Those gradients support first
+derivatives only: a derivative of them raises.
+
 The chunked custom function has ``vjp`` (that recomputation), ``jvp`` (forward
 mode, chunk by chunk) and ``vmap`` rules, so every transform goes through it,
 also nested inside checkpointed blocks and under :func:`nuvec_mlx.compile`.
@@ -20,6 +29,7 @@ also nested inside checkpointed blocks and under :func:`nuvec_mlx.compile`.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 from collections.abc import Callable, Sequence
@@ -27,7 +37,7 @@ from typing import Any, cast
 
 import mlx.core as mx
 
-from . import _constants, _depends, _marks, _pytree, _random, _validate
+from . import _constants, _depends, _gradient, _marks, _pytree, _random, _validate
 
 #: ``out_axes`` for an output summed over the chunks (a loss), not concatenated.
 SUM = "sum"
@@ -78,6 +88,8 @@ class _Call:
         self.diff = [i for i, x in enumerate(xs) if _validate.is_differentiable(x)]
         self.wanted = [i for i in self.diff if not _constants.is_constant(xs[i])]
         self.keys: list[mx.array] = []  # each chunk's random key in the forward, replayed by its recomputation
+        self.eager = False  # the gradients taken in the forward pass (see _forward_with_gradients)
+        self.taken: list[mx.array] = []  # those gradients, of the wanted inputs, for a cotangent of 1
         self.out_axes: list[int | str] = []
         self.starts: list[list[int]] = []  # per chunk, where its part of each concatenated output starts
         self.graph: list[mx.array] = []
@@ -93,11 +105,16 @@ class _Call:
 
     def forward(self, xs: list[mx.array]) -> list[mx.array]:
         stopped = [mx.stop_gradient(x) for x in xs]
-        outs = []
-        for c in range(len(self.chunks)):
+        self.keys.append(_random.key())
+        first = self.run(stopped, 0)
+        self.out_axes = self._out_axes(first)
+        self.eager = _gradient.active() and bool(self.wanted) and self.out_axes == [SUM] and first[0].ndim == 0
+        if self.eager:  # first is dropped unevaluated: chunk 0 runs again with its gradient
+            return self._forward_with_gradients(stopped, first[0].dtype)
+        outs = [_marks.mark(first, _marks.CHUNK)]
+        for c in range(1, len(self.chunks)):
             self.keys.append(_random.key())
             outs.append(_marks.mark(self.run(stopped, c), _marks.CHUNK))
-        self.out_axes = self._out_axes(outs[0])
         ends = [0] * len(self.out_axes)
         for out in outs:
             self.starts.append(list(ends))
@@ -105,6 +122,50 @@ class _Call:
                 e + (o.shape[a] if isinstance(a, int) else 0) for e, o, a in zip(ends, out, self.out_axes, strict=True)
             ]
         self.graph = self._combine(outs)
+        return self.graph
+
+    def _forward_with_gradients(self, stopped: list[mx.array], dtype: mx.Dtype) -> list[mx.array]:
+        """The summed scalar and, chunk by chunk, its gradients (a stage each): the backward only scales them.
+
+        Each chunk's value and gradients come from one ``mx.value_and_grad``,
+        so the chunk is computed once, not again in the backward pass; its
+        logits (say) are alive in its stage only, with its gradient. The
+        gradients of inputs split along the axis are concatenated, those of
+        inputs read whole summed as the chunks go (a stage holds the sum so far).
+        """
+        total: mx.array | None = None
+        pieces: dict[int, list[mx.array]] = {i: [] for i in self.wanted if self.axes[i] is not None}
+        summed: dict[int, mx.array] = {}
+        after: list[mx.array] = []  # what the next chunk waits for
+        for c in range(len(self.chunks)):
+            if c:
+                self.keys.append(_random.key())
+            xs = _depends.depends(stopped, after) if after else stopped
+            part = [x if a is None else _take(x, a, self.chunks[c]) for x, a in zip(xs, self.axes, strict=True)]
+
+            def value(*wanted: mx.array, part: list[mx.array] = part, c: int = c) -> list[mx.array]:
+                return self.run_part(_pytree.substitute(part, self.wanted, wanted), c)
+
+            # Chunk 0 replays the draws of its first run; the others draw on from the thread's key.
+            with _random.drawing_from(self.keys[0]) if c == 0 else contextlib.nullcontext():
+                (loss,), grads = mx.vjp(value, [part[i] for i in self.wanted], [mx.ones((), dtype=dtype)])
+            total = loss if total is None else total + loss
+            for i, g in zip(self.wanted, grads, strict=True):
+                if i in pieces:
+                    pieces[i].append(g)
+                else:
+                    summed[i] = g if i not in summed else summed[i] + g
+            order = [*pieces, *summed]
+            after = _marks.mark([total, *(pieces[i][-1] if i in pieces else summed[i] for i in order)], _marks.CHUNK)
+            total = after[0]
+            for i, g in zip(order, after[1:], strict=True):
+                if i in pieces:
+                    pieces[i][-1] = g
+                else:
+                    summed[i] = g
+        assert total is not None  # a chunked call has a chunk
+        self.taken = [mx.concatenate(pieces[i], axis=self.axes[i]) if i in pieces else summed[i] for i in self.wanted]
+        self.graph = [total]
         return self.graph
 
     def _out_axes(self, out: Sequence[mx.array]) -> list[int | str]:
@@ -143,6 +204,11 @@ class _Call:
         zeros = [mx.zeros_like(p) for p in primals]
         if not self.wanted:
             return zeros
+        if self.eager:  # a scalar's cotangent scales the gradients taken for 1
+            scaled = [(cotangents[0] * g).astype(g.dtype) for g in self.taken]
+            # mx.custom_function's __call__ is typed object; _first_order returns a list of arrays.
+            guarded = cast(list[mx.array], _first_order(scaled, [primals[i] for i in self.wanted]))
+            return _pytree.substitute(zeros, self.wanted, guarded)
         cotangents = list(cotangents)
         pieces: dict[int, list[mx.array]] = {i: [] for i in self.wanted if self.axes[i] is not None}
         summed: dict[int, mx.array] = {}
@@ -203,6 +269,36 @@ class _Call:
         return out, [0] * len(out)
 
 
+@mx.custom_function
+def _first_order(arrays: list[mx.array], inputs: list[mx.array]) -> list[mx.array]:
+    """``arrays``, gradients of ``inputs`` taken in a forward pass (of stopped inputs), refusing to be
+    differentiated again: a second derivative through them would silently be zero."""
+    return list(arrays)
+
+
+@_first_order.vjp
+def _first_order_vjp(primals: Any, cotangents: Any, outputs: Any) -> Any:
+    raise ValueError(_SECOND_ORDER)
+
+
+@_first_order.jvp
+def _first_order_jvp(primals: Any, tangents: Any) -> Any:
+    raise ValueError(_SECOND_ORDER)
+
+
+@_first_order.vmap
+def _first_order_vmap(inputs: Any, axes: Any) -> tuple[list[mx.array], list[int | None]]:
+    return list(inputs[0]), list(axes[0])
+
+
+_SECOND_ORDER = (
+    "a derivative of a gradient that nuvec took in the forward pass of a chunked loss (nv.losses.cross_entropy, "
+    "nv.checkpoint_chunks with one summed scalar output, under nv.value_and_grad or nv.TrainingStep): those "
+    "chunks support first derivatives only; take the inner gradient with mx.grad or nn.value_and_grad, which "
+    "recompute the chunks in the backward pass"
+)
+
+
 def _checkpointed(
     fn: FlatChunkFn,
     xs: list[mx.array],
@@ -253,6 +349,11 @@ def checkpoint_chunks(
     the chunks computed one by one and combined: for a function that treats
     positions along the axis independently (a loss summed over tokens,
     attention by query), those of ``fn`` on the whole, up to the order of sums.
+    Under nuvec's gradients (:func:`nuvec_mlx.value_and_grad`,
+    :class:`nuvec_mlx.TrainingStep`) a function with one scalar output summed
+    over the chunks (a loss) is not recomputed: each chunk's gradient is taken
+    in its forward stage, and the backward pass scales it by the cotangent (a
+    second derivative through it raises; ``mx.grad`` recomputes, and supports it).
     Modules ``fn`` reaches are handled as :func:`nuvec_mlx.checkpoint` handles
     them (their trainable parameters differentiated, read whole by every
     chunk). Usable as a decorator with its keyword arguments.

@@ -21,7 +21,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import _constants, _marks, _pytree, _registry, _validate
+from . import _constants, _gradient, _marks, _pytree, _registry, _validate
 
 LossFn = Callable[[list[mx.array]], mx.array]
 
@@ -63,7 +63,7 @@ def value_and_grad_flat(
                 return _validate.check_scalar(loss(full), loss)
 
         vg = mx.value_and_grad(selected_loss, argnums=list(range(len(idx))))
-        with _marks.collecting() as stages:
+        with _marks.collecting() as stages, _gradient.building():
             value, grads = vg(*(xs[i] for i in idx))
         # mx.value_and_grad returns a bare array for a single argnum.
         grads = [grads] if len(idx) == 1 else list(grads)
@@ -105,7 +105,7 @@ def value_and_grad(model: nn.Module, fn: Callable) -> Callable[..., tuple[Any, A
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
-        with _marks.collecting() as stages:
+        with _marks.collecting() as stages, _gradient.building():
             value, grads = vg(*args, **kwargs)
         # Registered with the value too: an eager step that hands the gradients to
         # an optimizer is evaluated through its loss and the updated state.

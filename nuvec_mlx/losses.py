@@ -7,7 +7,10 @@ softmax and their gradient are the largest arrays of a fine-tuning step,
 larger than everything checkpointed blocks keep. :func:`cross_entropy`
 computes the head and the loss chunk by chunk along the tokens, each chunk a
 checkpoint of its own (:func:`nuvec_mlx.checkpoint_chunks`): one chunk's
-logits are alive at a time, in the forward and in the backward pass.
+logits are alive at a time, in the forward and in the backward pass. Under
+nuvec's gradients (:func:`nuvec_mlx.value_and_grad`,
+:class:`nuvec_mlx.TrainingStep`) each chunk's gradient is taken in the forward
+pass with its value, so no chunk is computed twice.
 """
 
 from __future__ import annotations
@@ -115,9 +118,13 @@ def cross_entropy(
 
     def part(h: mx.array, t: mx.array, w: mx.array | None) -> mx.array:
         ce = nn.losses.cross_entropy(head(h), t, weights=w, label_smoothing=label_smoothing)
-        return ce if reduction == "none" else ce.astype(mx.float32).sum()
+        if reduction == "none":
+            return ce
+        # A chunk's share of the mean is divided inside the chunk: the loss's cotangent is then 1, by which
+        # a chunk's gradient taken in its forward pass (nuvec_mlx.chunks) is scaled without rounding.
+        total = ce.astype(mx.float32).sum()
+        return total / targets.size if reduction == "mean" else total
 
-    out = checkpoint_chunks(
+    return checkpoint_chunks(
         part, size=chunk, in_axes=(1, 1, None if weights is None else 1), out_axes=1 if reduction == "none" else SUM
     )(hidden, targets, weights)
-    return out / targets.size if reduction == "mean" else out

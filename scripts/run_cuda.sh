@@ -16,6 +16,9 @@
 #   probe-host  benchmarks/probes/host_time.py: the host's time per layer to call and evaluate nuvec's
 #               nv.TrainingStep, the same step under mx.compile and mlx-lm's checkpointed step (a tiny
 #               Qwen3 at 16, 28, 48 layers); PROBE_ARGS adds arguments; needs mlx-lm (below)
+#   probe-head  benchmarks/probes/head_time.py on the loss heads of Gemma-3-1B (hidden 1152, vocabulary 262,144)
+#               and Llama-3.2-1B (2048, 128,256) at batch 4 x 2048 tokens, frozen (LoRA) and trained (full):
+#               whole, chunked (recomputed, unstaged and staged) and the gradient taken in the forward pass
 #   seed-mlp    the seed MLP alone at nuvec_mlx's defaults against the plain step (none, nuvec; 9 repeats, no
 #               peers, no depth sweep): issue #27's seed target in a minute
 #   gemma-mlx-lm
@@ -54,7 +57,7 @@
 # A part that fails says so at the end of its log and on the console; the others still run, and
 # the script's exit status is 1 if any part failed.
 set -uo pipefail
-usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|plan|plan-transformer|plan-llama|tests|all"
+usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|probe-head|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|plan|plan-transformer|plan-llama|tests|all"
 out=${1:?$usage}
 part=${2:?$usage}
 # The machine's paths, each overridable from the environment.
@@ -104,6 +107,15 @@ part_suite_mlx_ops1() {
 part_probe_host() {
   with_mlx_lm && mkdir -p "$out/probe-host" &&
     $PY benchmarks/probes/host_time.py --out "$out/probe-host/host_time.json" ${PROBE_ARGS:-}
+}
+part_probe_head() {
+  local shape trained
+  for shape in "--hidden 1152 --vocab 262144" "--hidden 2048 --vocab 128256"; do
+    for trained in "" --trainable; do
+      # shellcheck disable=SC2086  # the shape and flag are words
+      $PY benchmarks/probes/head_time.py --batch 4 --tokens 2048 $shape $trained ${PROBE_ARGS:-} || return 1
+    done
+  done
 }
 part_seed_mlp() {
   bench --suite full --models mlp --depths "" --peers none --strategies none,nuvec --repeats 9 --out "$out/seed-mlp"
@@ -159,7 +171,7 @@ run_part() {  # run_part NAME: the part's output into its log; a failure is said
 }
 
 case $part in
-  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|plan|plan-transformer|plan-llama|tests)
+  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|probe-head|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|plan|plan-transformer|plan-llama|tests)
     run_part "$part" ;;
   all)
     for p in suite mlx-graphs budgets budget0 plan plan-llama; do run_part "$p"; done

@@ -949,6 +949,7 @@ def test_every_probe_is_one_this_file_runs():
     assert {p.stem for p in (BENCH / "probes").glob("*.py")} == {
         "head_time",
         "host_time",
+        "step_variants",
         "strategy_runs",
         "train_timeline",
     }
@@ -964,11 +965,28 @@ def test_the_host_time_probe_runs_at_this_commit(tmp_path, capsys):
     assert "| nuvec |" in capsys.readouterr().out and json.loads((tmp_path / "t.json").read_text())["results"]
 
 
-def test_the_head_time_probe_times_the_head_three_ways_with_the_same_gradient(capsys):
-    got = load_probe("head_time").main(["--tokens", "512", "--vocab", "4096", "--repeats", "1"])
-    assert set(got) == {"whole", "chunked", "grad in forward"}
+def test_the_head_time_probe_times_the_head_four_ways_with_the_same_gradient(capsys):
+    got = load_probe("head_time").main(["--tokens", "512", "--vocab", "4096", "--repeats", "1", "--trainable"])
+    assert set(got) == {"whole", "recomputed 128", "nuvec 128", "unstaged 128"}
     assert all(r["seconds"] > 0 and r["difference"] < 1e-2 for r in got.values())
     assert "chunks of 128 tokens" in capsys.readouterr().out  # 4096 / (8 x 128): 4 chunks of the 512 tokens
+
+
+@pytest.mark.slow
+def test_the_step_variants_probe_measures_each_variant_against_mlx_lm_s_step(capsys):
+    got = load_probe("step_variants").main(
+        ["--config", "qwen3-0.6b", "--layers", "1", "--batch", "1", "--seq", "8", "--repeats", "1"]
+    )
+    assert set(got) == {
+        "mlx-lm",
+        "nuvec",
+        "nuvec-unchunked",
+        "nuvec-head-recomputed",
+        "nuvec-updates-folded",
+        "nuvec-ahead2",
+    }
+    assert all(r["time"]["median"] > 0 and r["peak"]["median"] > 0 for r in got.values())
+    assert "| nuvec-updates-folded |" in capsys.readouterr().out
 
 
 @pytest.mark.slow

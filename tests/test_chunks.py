@@ -6,7 +6,7 @@ import mlx.nn as nn
 import pytest
 
 import nuvec_mlx as nv
-from tests.helpers import assert_close
+from tests.helpers import assert_close, unstaged_on_purpose
 
 B, T, D, V = 2, 50, 16, 300
 
@@ -101,9 +101,10 @@ def test_compiled_and_nested_in_a_checkpointed_block_as_uncompiled_and_alone(com
     assert_close(value, plain[0], 1e-6)
     assert_close(grads["layers"][0]["weight"], plain[1]["layers"][0]["weight"], 1e-5)
     chunks = -(-T // 8)
-    # The block's forward holds the chunks' forward stages; its backward recomputes them, then their backward.
+    # The block's forward holds the chunks' forward stages; its backward recomputes the block, each chunk of
+    # the summed loss with its gradient, in one stage (under nuvec's gradient none is recomputed again).
     assert [r.kind for r in timeline.readings] == (
-        ["chunk"] * chunks + ["forward"] + ["chunk"] * (2 * chunks) + ["backward", "outputs"]
+        ["chunk"] * chunks + ["forward"] + ["chunk"] * chunks + ["backward", "outputs"]
     )
 
 
@@ -144,3 +145,72 @@ def test_one_chunk_of_logits_is_alive_at_a_time(compiled):
     logits = 2 * 256 * big_v * 4
     assert rises[None] >= 2 * logits, rises  # the whole: logits and their softmax or gradient at once
     assert rises[32] <= rises[None] / 3, rises
+
+
+def counting_loss(head, calls, size=8):
+    def part(h, y):
+        calls.append(h.shape[1])
+        return token_loss(head, h, y)
+
+    return lambda m, h, y: nv.checkpoint_chunks(part, size=size, out_axes="sum")(h, y)
+
+
+def test_under_nuvec_s_gradient_a_summed_loss_takes_each_chunk_s_gradient_in_its_forward_pass():
+    """nv.value_and_grad runs each chunk once, its gradient with its value (and chunk 0 once more, unevaluated,
+    to see the output); mx's gradients recompute every chunk in the backward pass. Same values and gradients."""
+    head, h, y = data()
+    chunks = -(-T // 8)
+    eager_calls, recompute_calls = [], []
+    eager = nv.value_and_grad(head, counting_loss(head, eager_calls))(head, h, y)
+    recomputed = nn.value_and_grad(head, counting_loss(head, recompute_calls))(head, h, y)
+    plain = nn.value_and_grad(head, token_loss)(head, h, y)
+    nv.eval(eager, recomputed)
+    assert len(eager_calls) == chunks + 1 and len(recompute_calls) == 2 * chunks
+    assert mx.array_equal(eager[0], recomputed[0]).item()
+    for got in (eager, recomputed):
+        assert_close(got[0], plain[0], 1e-6)
+        assert_close(got[1]["weight"], plain[1]["weight"], 1e-5)
+        assert_close(got[1]["bias"], plain[1]["bias"], 1e-5)
+    head.freeze()  # as in LoRA: the hidden states' gradient alone
+    dh = nv.value_and_grad_flat(lambda xs: chunked_loss(head, xs[0], y) / y.size, 0)([h])[1][0]
+    nv.eval(dh)  # scaled by the cotangent after the chunk's gradient, not inside it: float32's rounding apart
+    assert_close(dh, mx.grad(lambda h: token_loss(head, h, y) / y.size)(h), 1e-5)
+
+
+def test_a_chunk_s_random_draws_are_the_same_whether_its_gradient_is_taken_forward_or_recomputed():
+    head, h, y = data()
+
+    def noisy(m, h, y):
+        return nv.checkpoint_chunks(lambda h, y: token_loss(m, nn.Dropout(0.5)(h), y), size=8, out_axes="sum")(h, y)
+
+    def run(value_and_grad):
+        mx.random.seed(7)
+        return value_and_grad(head, noisy)(head, h, y)
+
+    eager, recomputed = run(nv.value_and_grad), run(nn.value_and_grad)
+    nv.eval(eager, recomputed)
+    assert mx.array_equal(eager[0], recomputed[0]).item()
+    assert_close(eager[1]["weight"], recomputed[1]["weight"], 1e-5)
+
+
+@unstaged_on_purpose  # nuvec's gradient inside mx.jvp, never evaluated by nv.eval
+def test_a_second_derivative_through_gradients_taken_in_the_forward_pass_raises_and_mx_s_is_exact():
+    head, h, _ = data()
+    t = mx.random.normal(h.shape)
+
+    def smooth(h):  # cross-entropy's own second derivative is not in MLX (a scatter's indices)
+        return (mx.tanh(head(h)) ** 2).sum()
+
+    def chunked(xs):
+        return nv.checkpoint_chunks(smooth, size=8, out_axes="sum")(xs[0])
+
+    def through(take):
+        return lambda h: take(chunked, 0)([h])[0]
+
+    def mx_grad(loss, argnums):
+        return lambda xs: [mx.grad(lambda h: loss([h]))(xs[0])]
+
+    with pytest.raises(ValueError, match="first derivatives only"):
+        mx.eval(mx.jvp(through(nv.grad_flat), [h], [t]))
+    hvp = mx.jvp(through(mx_grad), [h], [t])[1][0]
+    assert_close(hvp, mx.jvp(mx.grad(smooth), [h], [t])[1][0], 1e-5)

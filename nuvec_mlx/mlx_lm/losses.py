@@ -201,12 +201,16 @@ def chunked_loss(
         else losses.head_chunk(hidden.shape[1], hidden.shape[2], head.vocabulary, hidden.shape[0])
     )
 
-    def part(h: mx.array, ids: mx.array, t: mx.array, m: mx.array) -> mx.array:
-        return (nn.losses.cross_entropy(head(h, ids), t) * m).astype(mx.float32).sum()
-
-    total = checkpoint_chunks(part, size=size, in_axes=1, out_axes=SUM)(hidden, inputs, targets, mask)
     tokens = mask.sum()
-    return total / tokens, tokens
+
+    # Each chunk's share of the mean, divided inside: the loss's cotangent is then 1, so that a chunk's
+    # gradient taken in its forward pass (nuvec_mlx.chunks) is the one the backward pass uses, unscaled,
+    # and one chunk is mlx-lm's loss and gradient bitwise.
+    def part(h: mx.array, ids: mx.array, t: mx.array, m: mx.array, n: mx.array) -> mx.array:
+        return (nn.losses.cross_entropy(head(h, ids), t) * m).astype(mx.float32).sum() / n
+
+    chunked = checkpoint_chunks(part, size=size, in_axes=(1, 1, 1, 1, None), out_axes=SUM)
+    return chunked(hidden, inputs, targets, mask, tokens), tokens
 
 
 def loss_for(chunk: int | str | None) -> Callable[..., tuple[mx.array, mx.array]]:

@@ -1,0 +1,115 @@
+"""Probe: where a fine-tuning step's time goes against mlx-lm's, by changing one thing of nuvec's step at a time.
+
+One public configuration (random weights) and mode, the fine-tuning benchmark's cases
+(:class:`nuvec_mlx_bench.train.cases.Case`), measured round-robin in one process
+(:func:`nuvec_mlx_bench.core.mlx_measure.run_cases`: a warm-up step each, then peaks, then times), at
+nuvec's defaults unless said:
+
+- ``mlx-lm``, ``nuvec``, ``nuvec-unchunked``: the benchmark's strategies;
+- ``nuvec-head-recomputed``: ``nuvec`` with its step traced as outside nuvec's gradients, so that the
+  loss head's chunks are recomputed in the backward pass (how ``nuvec-mlx-lora`` ran them before their
+  gradient was taken in the forward pass; ``nuvec_mlx._gradient``);
+- ``nuvec-updates-folded``: ``nuvec`` with every block's update computed in the stage after its backward
+  stage, none a stage of its own (``nuvec_mlx._marks.FOLD`` = 0 while the step is traced): what the update
+  stages of full fine-tuning cost;
+- ``nuvec-ahead2``: two stages queued ahead instead of one.
+
+Private settings are patched while each step is traced (its first call), which is all that reads them.
+Peaks are above the weights and optimizer state (MiB), after ``mx.synchronize()``, the cache cleared;
+medians (min–max) of ``--repeats``::
+
+    python benchmarks/probes/step_variants.py --config qwen3-0.6b --mode full
+    python benchmarks/probes/step_variants.py --config qwen3-0.6b --layers 2 --batch 1 --seq 64 --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from nuvec_mlx import _gradient, _marks
+from nuvec_mlx_bench.core import environment, mlx_measure
+from nuvec_mlx_bench.train.cases import MODES, Case, TrainWorkload
+
+
+@contextlib.contextmanager
+def head_recomputed() -> Iterator[None]:
+    """Chunked losses traced inside as outside nuvec's gradients: recomputed in the backward pass."""
+    with _gradient.building(False), _patched(_gradient, "building", lambda on=True: contextlib.nullcontext()):
+        yield
+
+
+@contextlib.contextmanager
+def updates_folded() -> Iterator[None]:
+    """Every update folded into the stage after its block's backward stage."""
+    with _patched(_marks, "FOLD", 0):
+        yield
+
+
+@contextlib.contextmanager
+def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
+    before = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, before)
+
+
+VARIANTS: dict[str, tuple[str, Callable[[], Any], int | None]] = {
+    # name: (the benchmark's strategy, what the trace runs inside, stages ahead (None: the default))
+    "mlx-lm": ("mlx-lm", contextlib.nullcontext, None),
+    "nuvec": ("nuvec", contextlib.nullcontext, None),
+    "nuvec-unchunked": ("nuvec-unchunked", contextlib.nullcontext, None),
+    "nuvec-head-recomputed": ("nuvec", head_recomputed, None),
+    "nuvec-updates-folded": ("nuvec", updates_folded, None),
+    "nuvec-ahead2": ("nuvec", contextlib.nullcontext, 2),
+}
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Run the probe on ``argv``; print each variant's peak and time against mlx-lm's and return them."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default="qwen3-0.6b")
+    p.add_argument("--mode", choices=MODES, default="full")
+    p.add_argument("--layers", type=int, help="fewer layers than the configuration's")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from the list above")
+    args = p.parse_args(argv)
+    print(environment.environment(environment.command_line("step_variants.py", argv)))
+    w = TrainWorkload(args.config, batch=args.batch, seq=args.seq, layers=args.layers, mode=args.mode)
+    cases, parts = {}, {}
+    for name in args.variants.split(","):
+        strategy, tracing, ahead = VARIANTS[name]
+        case = Case(w, strategy)
+        if ahead is not None:
+            assert case.training is not None
+            case.training.ahead = ahead
+        batch = case.batch(args.seq)
+        with tracing():
+            case.evaluate(case.step(batch))  # traced (and compiled) here, with the variant's settings
+        cases[name], parts[name] = case.timed(batch), case.parts
+    measured = mlx_measure.run_cases(cases, args.repeats, desc=w.label(), parts=parts)
+    base = measured["mlx-lm"] if "mlx-lm" in measured else next(iter(measured.values()))
+    print(f"{w.label()}; peak above weights and optimizer state (MiB), step time (s); medians (min–max)")
+    print("| variant | peak | time | time / mlx-lm's | dispatch (s) | evaluation (s) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, m in measured.items():
+        peak, time, parts = m["peak"], m["time"], m.get("parts", {})
+        rise = [v / 2**20 for v in (peak["median"], peak["min"], peak["max"])]
+        split = [f"{parts[k]['median']:.4f}" if k in parts else "" for k in ("dispatch", "evaluation")]
+        print(
+            f"| {name} | {rise[0]:.0f} ({rise[1]:.0f}–{rise[2]:.0f}) | {time['median']:.4f} "
+            f"({time['min']:.4f}–{time['max']:.4f}) | {time['median'] / base['time']['median']:.3f} | "
+            f"{split[0]} | {split[1]} |",
+            flush=True,
+        )
+    return measured
+
+
+if __name__ == "__main__":
+    main()
