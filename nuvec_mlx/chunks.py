@@ -54,6 +54,44 @@ def _take(x: mx.array, axis: int, bounds: slice) -> mx.array:
     return x[tuple(index)]
 
 
+class _Sums:
+    """The gradients of a chunked call's wanted inputs, chunk by chunk: the pieces of the inputs split along
+    the axis, and running sums for the inputs read whole (a weight's gradient summed as the chunks go)."""
+
+    def __init__(self, wanted: list[int], axes: list[int | None]):
+        self.wanted, self.axes = wanted, axes
+        self.pieces: dict[int, list[mx.array]] = {i: [] for i in wanted if axes[i] is not None}
+        self.summed: dict[int, mx.array] = {}
+
+    def add(self, grads: Sequence[mx.array]) -> list[mx.array]:
+        """Add one chunk's gradients (of the wanted inputs, in order) and finish them as a stage
+        (:func:`nuvec_mlx._marks.finished`): the chunk's pieces and the sums so far. Returns what the
+        stage finished: what the next chunk waits for."""
+        for i, g in zip(self.wanted, grads, strict=True):
+            if i in self.pieces:
+                self.pieces[i].append(g)
+            else:
+                self.summed[i] = g if i not in self.summed else self.summed[i] + g
+        latest = [self.pieces[i][-1] if i in self.pieces else self.summed[i] for i in self.wanted]
+        done = _marks.finished(latest, _marks.CHUNK)
+        for i, g in zip(self.wanted, done, strict=True):
+            if i in self.pieces:
+                self.pieces[i][-1] = g
+            else:
+                self.summed[i] = g
+        return done
+
+    def result(self, reverse: bool) -> list[mx.array]:
+        """Each wanted input's gradient: its pieces concatenated (``reverse``: they were added last chunk
+        first), or its sum."""
+        out = []
+        for i in self.wanted:
+            axis = self.axes[i]
+            parts = self.pieces.get(i, [])
+            out.append(self.summed[i] if axis is None else mx.concatenate(parts[::-1] if reverse else parts, axis=axis))
+        return out
+
+
 class _Call:
     """One call of a chunked function: its inputs, its chunks, and the rules ``mx.custom_function`` runs.
 
@@ -88,17 +126,19 @@ class _Call:
         self.diff = [i for i, x in enumerate(xs) if _validate.is_differentiable(x)]
         self.wanted = [i for i in self.diff if not _constants.is_constant(xs[i])]
         self.keys: list[mx.array] = []  # each chunk's random key in the forward, replayed by its recomputation
-        self.eager = False  # the gradients taken in the forward pass (see _forward_with_gradients)
+        self.in_forward = False  # whether the gradients are taken in the forward pass (_forward_with_gradients)
         self.taken: list[mx.array] = []  # those gradients, of the wanted inputs, for a cotangent of 1
         self.out_axes: list[int | str] = []
         self.starts: list[list[int]] = []  # per chunk, where its part of each concatenated output starts
         self.graph: list[mx.array] = []
 
+    def part(self, xs: Sequence[mx.array], c: int) -> list[mx.array]:
+        """Chunk ``c``'s inputs cut from ``xs``: a slice of those split along the axis, the others whole."""
+        return [x if a is None else _take(x, a, self.chunks[c]) for x, a in zip(xs, self.axes, strict=True)]
+
     def run(self, xs: Sequence[mx.array], c: int) -> list[mx.array]:
         """Chunk ``c`` of ``fn``, on the chunk's inputs cut from ``xs``."""
-        bounds = self.chunks[c]
-        part = [x if a is None else _take(x, a, bounds) for x, a in zip(xs, self.axes, strict=True)]
-        return self.run_part(part, c)
+        return self.run_part(self.part(xs, c), c)
 
     def run_part(self, part: Sequence[mx.array], c: int) -> list[mx.array]:
         return _validate.check_outputs(self.fn(list(part), self.chunks[c]), self.fn)
@@ -108,8 +148,8 @@ class _Call:
         self.keys.append(_random.key())
         first = self.run(stopped, 0)
         self.out_axes = self._out_axes(first)
-        self.eager = _gradient.active() and bool(self.wanted) and self.out_axes == [SUM] and first[0].ndim == 0
-        if self.eager:  # first is dropped unevaluated: chunk 0 runs again with its gradient
+        self.in_forward = _gradient.active() and bool(self.wanted) and self.out_axes == [SUM] and first[0].ndim == 0
+        if self.in_forward:  # first is dropped unevaluated: chunk 0 runs again with its gradient
             return self._forward_with_gradients(stopped, first[0].dtype)
         outs = [_marks.mark(first, _marks.CHUNK)]
         for c in range(1, len(self.chunks)):
@@ -127,21 +167,20 @@ class _Call:
     def _forward_with_gradients(self, stopped: list[mx.array], dtype: mx.Dtype) -> list[mx.array]:
         """The summed scalar and, chunk by chunk, its gradients (a stage each): the backward only scales them.
 
-        Each chunk's value and gradients come from one ``mx.value_and_grad``,
+        Each chunk's value and gradients come from one ``mx.vjp`` (cotangent 1),
         so the chunk is computed once, not again in the backward pass; its
         logits (say) are alive in its stage only, with its gradient. The
         gradients of inputs split along the axis are concatenated, those of
         inputs read whole summed as the chunks go (a stage holds the sum so far).
         """
         total: mx.array | None = None
-        pieces: dict[int, list[mx.array]] = {i: [] for i in self.wanted if self.axes[i] is not None}
-        summed: dict[int, mx.array] = {}
+        sums = _Sums(self.wanted, self.axes)
         after: list[mx.array] = []  # what the next chunk waits for
         for c in range(len(self.chunks)):
             if c:
                 self.keys.append(_random.key())
             xs = _depends.depends(stopped, after) if after else stopped
-            part = [x if a is None else _take(x, a, self.chunks[c]) for x, a in zip(xs, self.axes, strict=True)]
+            part = self.part(xs, c)
 
             def value(*wanted: mx.array, part: list[mx.array] = part, c: int = c) -> list[mx.array]:
                 return self.run_part(_pytree.substitute(part, self.wanted, wanted), c)
@@ -149,22 +188,13 @@ class _Call:
             # Chunk 0 replays the draws of its first run; the others draw on from the thread's key.
             with _random.drawing_from(self.keys[0]) if c == 0 else contextlib.nullcontext():
                 (loss,), grads = mx.vjp(value, [part[i] for i in self.wanted], [mx.ones((), dtype=dtype)])
-            total = loss if total is None else total + loss
-            for i, g in zip(self.wanted, grads, strict=True):
-                if i in pieces:
-                    pieces[i].append(g)
-                else:
-                    summed[i] = g if i not in summed else summed[i] + g
-            order = [*pieces, *summed]
-            after = _marks.mark([total, *(pieces[i][-1] if i in pieces else summed[i] for i in order)], _marks.CHUNK)
-            total = after[0]
-            for i, g in zip(order, after[1:], strict=True):
-                if i in pieces:
-                    pieces[i][-1] = g
-                else:
-                    summed[i] = g
+            # The value a stage of its own, then the gradient: within a stage the evaluator may hold every
+            # buffer it makes (MLX runs ahead of the device), and one stage for both held one more chunk of
+            # logits than the recomputation's backward stage did.
+            total = _marks.finished([loss if total is None else total + loss], _marks.CHUNK)[0]
+            after = [total, *sums.add(grads)]
         assert total is not None  # a chunked call has a chunk
-        self.taken = [mx.concatenate(pieces[i], axis=self.axes[i]) if i in pieces else summed[i] for i in self.wanted]
+        self.taken = sums.result(reverse=False)
         self.graph = [total]
         return self.graph
 
@@ -204,44 +234,25 @@ class _Call:
         zeros = [mx.zeros_like(p) for p in primals]
         if not self.wanted:
             return zeros
-        if self.eager:  # a scalar's cotangent scales the gradients taken for 1
+        if self.in_forward:  # a scalar's cotangent scales the gradients taken for 1
             scaled = [(cotangents[0] * g).astype(g.dtype) for g in self.taken]
             # mx.custom_function's __call__ is typed object; _first_order returns a list of arrays.
             guarded = cast(list[mx.array], _first_order(scaled, [primals[i] for i in self.wanted]))
             return _pytree.substitute(zeros, self.wanted, guarded)
         cotangents = list(cotangents)
-        pieces: dict[int, list[mx.array]] = {i: [] for i in self.wanted if self.axes[i] is not None}
-        summed: dict[int, mx.array] = {}
+        sums = _Sums(self.wanted, self.axes)
         after = cotangents  # what the next chunk's recomputation waits for
         for c in reversed(range(len(self.chunks))):
             xs = _depends.depends(primals, after)
             key = _depends.depends([self.keys[c]], after)[0]
-            part = [x if a is None else _take(x, a, self.chunks[c]) for x, a in zip(xs, self.axes, strict=True)]
+            part = self.part(xs, c)
 
             def recompute(*wanted: mx.array, part: list[mx.array] = part, key: mx.array = key, c: int = c) -> list:
                 with _random.drawing_from(key):
                     return self.run_part(_pytree.substitute(part, self.wanted, wanted), c)
 
-            grads = mx.vjp(recompute, [part[i] for i in self.wanted], self._cotangents(cotangents, c))[1]
-            for i, g in zip(self.wanted, grads, strict=True):
-                if i in pieces:
-                    pieces[i].append(g)
-                else:
-                    summed[i] = g if i not in summed else summed[i] + g
-            order = [*pieces, *summed]
-            done = _marks.finished([pieces[i][-1] if i in pieces else summed[i] for i in order], _marks.CHUNK)
-            for i, g in zip(order, done, strict=True):
-                if i in pieces:
-                    pieces[i][-1] = g
-                else:
-                    summed[i] = g
-            after = done
-        grads = list(zeros)
-        for i, parts in pieces.items():
-            grads[i] = mx.concatenate(parts[::-1], axis=self.axes[i])
-        for i, g in summed.items():
-            grads[i] = g
-        return grads
+            after = sums.add(mx.vjp(recompute, [part[i] for i in self.wanted], self._cotangents(cotangents, c))[1])
+        return _pytree.substitute(zeros, self.wanted, sums.result(reverse=True))
 
     def jvp(self, primals: list[mx.array], tangents: list[mx.array | None]) -> list[mx.array]:
         """Forward mode needs no checkpoint: the tangents chunk by chunk, with the forward's draws."""

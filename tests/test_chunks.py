@@ -102,9 +102,10 @@ def test_compiled_and_nested_in_a_checkpointed_block_as_uncompiled_and_alone(com
     assert_close(grads["layers"][0]["weight"], plain[1]["layers"][0]["weight"], 1e-5)
     chunks = -(-T // 8)
     # The block's forward holds the chunks' forward stages; its backward recomputes the block, each chunk of
-    # the summed loss with its gradient, in one stage (under nuvec's gradient none is recomputed again).
+    # the summed loss a stage for its value and one for its gradient (under nuvec's gradient none is
+    # recomputed again).
     assert [r.kind for r in timeline.readings] == (
-        ["chunk"] * chunks + ["forward"] + ["chunk"] * chunks + ["backward", "outputs"]
+        ["chunk"] * chunks + ["forward"] + ["chunk"] * (2 * chunks) + ["backward", "outputs"]
     )
 
 
@@ -214,3 +215,29 @@ def test_a_second_derivative_through_gradients_taken_in_the_forward_pass_raises_
         mx.eval(mx.jvp(through(nv.grad_flat), [h], [t]))
     hvp = mx.jvp(through(mx_grad), [h], [t])[1][0]
     assert_close(hvp, mx.jvp(mx.grad(smooth), [h], [t])[1][0], 1e-5)
+
+
+def test_a_chunk_s_gradient_taken_in_its_forward_pass_holds_no_more_than_its_recomputation():
+    """A frozen bf16 head of 32768 classes over 512 tokens in chunks of 128 (8 MiB of logits a chunk),
+    staged under nv.compile: nuvec's gradient (the value, then the gradient, a stage each) against
+    mx.value_and_grad's (each chunk recomputed in the backward pass)."""
+    mx.random.seed(0)
+    head = nn.Linear(64, 32768, bias=False)
+    head.set_dtype(mx.bfloat16)
+    head.freeze()
+    h, y = mx.random.normal((1, 512, 64)).astype(mx.bfloat16), mx.random.randint(0, 32768, (1, 512))
+    mx.eval(head.parameters(), h, y)
+
+    def loss(h):
+        return nv.losses.cross_entropy(head, h, y, chunk=128)
+
+    def rise(value_and_grad):
+        step = nv.compile(value_and_grad)
+        nv.eval(step(h))  # traced and compiled
+        with nv.memory.measure() as m:
+            nv.eval(step(h))
+        return m.rise
+
+    recomputed = rise(mx.value_and_grad(loss))
+    in_forward = rise(lambda h: nv.value_and_grad_flat(lambda xs: loss(xs[0]), 0)([h]))
+    assert 0 < in_forward <= recomputed, (in_forward, recomputed)

@@ -137,8 +137,8 @@ def assert_trains_as_mlx_lm_lora(
     """nuvec-mlx-lora --grad-checkpoint prints mlx_lm.lora's losses (unchecked) and saves its adapters,
     every block of every class a stage of every step: forward, then backward, each followed by the
     update of the block's parameters on the steps that update (every ``accumulation``-th); the loss
-    head's chunk (one here: the whole sequence), its gradient taken with its value, is a stage between the
-    forward and the backward."""
+    head's chunk (one here: the whole sequence), its value and then its gradient, taken in the forward pass,
+    are stages between the forward and the backward."""
     plain = run_mlx_lm_lora(lora_args(model, data, out / "mlx", mode, *extra), monkeypatch, capsys)
     with nv.memory.timeline() as timeline:
         ours = run_nuvec_mlx_lora(lora_args(model, data, out / "nuvec", mode, "--grad-checkpoint", *extra), capsys)
@@ -151,7 +151,7 @@ def assert_trains_as_mlx_lm_lora(
     for s in steps:
         kinds = [r.kind for r in timeline.readings if r.evaluation == s]
         backward = ["backward", "update"] if (s + 1) % accumulation == 0 else ["backward"]
-        assert kinds == ["forward"] * blocks + ["chunk"] + backward * blocks + ["outputs"], s
+        assert kinds == ["forward"] * blocks + ["chunk", "chunk"] + backward * blocks + ["outputs"], s
 
 
 #: Every architecture in every mode; the developer loop (``-m "not slow"``) runs llama with LoRA only.

@@ -7,8 +7,8 @@ nuvec's defaults unless said:
 
 - ``mlx-lm``, ``nuvec``, ``nuvec-unchunked``: the benchmark's strategies;
 - ``nuvec-head-recomputed``: ``nuvec`` with its step traced as outside nuvec's gradients, so that the
-  loss head's chunks are recomputed in the backward pass (how ``nuvec-mlx-lora`` ran them before their
-  gradient was taken in the forward pass; ``nuvec_mlx._gradient``);
+  loss head's chunks are recomputed in the backward pass (``nuvec_mlx._gradient.active`` false: how
+  ``nuvec-mlx-lora`` ran them before their gradient was taken in the forward pass);
 - ``nuvec-updates-folded``: ``nuvec`` with every block's update computed in the stage after its backward
   stage, none a stage of its own (``nuvec_mlx._marks.FOLD`` = 0 while the step is traced): what the update
   stages of full fine-tuning cost;
@@ -26,36 +26,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 from nuvec_mlx import _gradient, _marks
 from nuvec_mlx_bench.core import environment, mlx_measure
 from nuvec_mlx_bench.train.cases import MODES, Case, TrainWorkload
 
 
-@contextlib.contextmanager
-def head_recomputed() -> Iterator[None]:
+def head_recomputed() -> contextlib.AbstractContextManager[Any]:
     """Chunked losses traced inside as outside nuvec's gradients: recomputed in the backward pass."""
-    with _gradient.building(False), _patched(_gradient, "building", lambda on=True: contextlib.nullcontext()):
-        yield
+    return mock.patch.object(_gradient, "active", lambda: False)
 
 
-@contextlib.contextmanager
-def updates_folded() -> Iterator[None]:
+def updates_folded() -> contextlib.AbstractContextManager[Any]:
     """Every update folded into the stage after its block's backward stage."""
-    with _patched(_marks, "FOLD", 0):
-        yield
-
-
-@contextlib.contextmanager
-def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
-    before = getattr(owner, name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, before)
+    return mock.patch.object(_marks, "FOLD", 0)
 
 
 VARIANTS: dict[str, tuple[str, Callable[[], Any], int | None]] = {
