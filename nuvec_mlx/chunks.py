@@ -16,11 +16,11 @@ chunk.
 A function with one output summed over the chunks, a scalar (a loss), needs no
 recomputation under nuvec's gradients (:func:`nuvec_mlx.value_and_grad`,
 :func:`nuvec_mlx.TrainingStep`; :mod:`nuvec_mlx._gradient`): each chunk's
-gradient is taken in the forward pass with its value, in the chunk's stage, and
-the backward pass scales them by the loss's cotangent. The peak is the same
-(a chunk's logits and their gradient are alive in one stage either way); the
-chunk is computed once instead of twice. Those gradients support first
-derivatives only: a derivative of them raises.
+gradient is taken in the forward pass with its value (the value a stage, then
+the gradient), and the backward pass scales them by the loss's cotangent. The
+peak is no higher (a chunk's logits and their gradient are alive in one stage
+either way); the chunk is computed once instead of twice. Those gradients
+support first derivatives only: a derivative of them raises.
 
 The chunked custom function has ``vjp`` (that recomputation), ``jvp`` (forward
 mode, chunk by chunk) and ``vmap`` rules, so every transform goes through it,
@@ -165,13 +165,14 @@ class _Call:
         return self.graph
 
     def _forward_with_gradients(self, stopped: list[mx.array], dtype: mx.Dtype) -> list[mx.array]:
-        """The summed scalar and, chunk by chunk, its gradients (a stage each): the backward only scales them.
+        """The summed scalar and, chunk by chunk, its gradients: the backward only scales them.
 
         Each chunk's value and gradients come from one ``mx.vjp`` (cotangent 1),
         so the chunk is computed once, not again in the backward pass; its
-        logits (say) are alive in its stage only, with its gradient. The
-        gradients of inputs split along the axis are concatenated, those of
-        inputs read whole summed as the chunks go (a stage holds the sum so far).
+        value is a stage, then its gradients, so that its logits (say) are
+        alive in those two stages only. The gradients of inputs split along the
+        axis are concatenated, those of inputs read whole summed as the chunks
+        go (a stage holds the sum so far).
         """
         total: mx.array | None = None
         sums = _Sums(self.wanted, self.axes)

@@ -19,6 +19,9 @@
 #   probe-head  benchmarks/probes/head_time.py on the loss heads of Gemma-3-1B (hidden 1152, vocabulary 262,144)
 #               and Llama-3.2-1B (2048, 128,256) at batch 4 x 2048 tokens, frozen (LoRA) and trained (full):
 #               whole, chunked (recomputed, unstaged and staged) and the gradient taken in the forward pass
+#   probe-steps benchmarks/probes/step_variants.py (needs mlx-lm) on Llama-3.2-1B LoRA, Qwen3-0.6B full and
+#               Gemma-3-1B LoRA and full at batch 4 x 2048: mlx-lm's step against nuvec's, nuvec's with the
+#               head's chunks recomputed, with every update folded into the next stage, two stages ahead
 #   seed-mlp    the seed MLP alone at nuvec_mlx's defaults against the plain step (none, nuvec; 9 repeats, no
 #               peers, no depth sweep): issue #27's seed target in a minute
 #   gemma-mlx-lm
@@ -57,7 +60,7 @@
 # A part that fails says so at the end of its log and on the console; the others still run, and
 # the script's exit status is 1 if any part failed.
 set -uo pipefail
-usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|probe-head|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|plan|plan-transformer|plan-llama|tests|all"
+usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|probe-head|probe-steps|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|plan|plan-transformer|plan-llama|tests|all"
 out=${1:?$usage}
 part=${2:?$usage}
 # The machine's paths, each overridable from the environment.
@@ -117,6 +120,19 @@ part_probe_head() {
     done
   done
 }
+part_probe_steps() {
+  with_mlx_lm || return 1
+  local config mode
+  while read -r config mode; do
+    # shellcheck disable=SC2086  # PROBE_ARGS are words
+    $PY benchmarks/probes/step_variants.py --config "$config" --mode "$mode" ${PROBE_ARGS:-} || return 1
+  done <<'RUNS'
+llama-3.2-1b lora
+qwen3-0.6b full
+gemma-3-1b lora
+gemma-3-1b full
+RUNS
+}
 part_seed_mlp() {
   bench --suite full --models mlp --depths "" --peers none --strategies none,nuvec --repeats 9 --out "$out/seed-mlp"
 }
@@ -171,7 +187,7 @@ run_part() {  # run_part NAME: the part's output into its log; a failure is said
 }
 
 case $part in
-  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|probe-head|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|plan|plan-transformer|plan-llama|tests)
+  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|probe-head|probe-steps|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|plan|plan-transformer|plan-llama|tests)
     run_part "$part" ;;
   all)
     for p in suite mlx-graphs budgets budget0 plan plan-llama; do run_part "$p"; done

@@ -975,7 +975,7 @@ def test_the_head_time_probe_times_the_head_four_ways_with_the_same_gradient(cap
 @pytest.mark.slow
 def test_the_step_variants_probe_measures_each_variant_against_mlx_lm_s_step(capsys):
     got = load_probe("step_variants").main(
-        ["--config", "qwen3-0.6b", "--layers", "1", "--batch", "1", "--seq", "8", "--repeats", "1"]
+        ["--config", "llama", "--hidden", "32", "--layers", "1", "--vocab", "256", "--seq", "16", "--repeats", "1"]
     )
     assert set(got) == {
         "mlx-lm",
@@ -987,6 +987,27 @@ def test_the_step_variants_probe_measures_each_variant_against_mlx_lm_s_step(cap
     }
     assert all(r["time"]["median"] > 0 and r["peak"]["median"] > 0 for r in got.values())
     assert "| nuvec-updates-folded |" in capsys.readouterr().out
+
+
+def test_the_step_variants_probe_s_head_recomputed_variant_recomputes_each_chunk():
+    probe, calls = load_probe("step_variants"), []
+
+    def part(h):
+        calls.append(h.shape[1])
+        return (h**2).sum()
+
+    def chunks_run():
+        calls.clear()
+        nv.eval(
+            nv.value_and_grad_flat(lambda xs: nv.checkpoint_chunks(part, size=2, out_axes="sum")(xs[0]), 0)(
+                [mx.ones((1, 8, 2))]
+            )
+        )
+        return len(calls)
+
+    assert chunks_run() == 4 + 1  # each chunk once with its gradient, chunk 0 once more unevaluated
+    with probe.head_recomputed():
+        assert chunks_run() == 2 * 4  # each chunk in the forward pass and again in the backward pass
 
 
 @pytest.mark.slow

@@ -1,9 +1,9 @@
 """Probe: where a fine-tuning step's time goes against mlx-lm's, by changing one thing of nuvec's step at a time.
 
-One public configuration (random weights) and mode, the fine-tuning benchmark's cases
-(:class:`nuvec_mlx_bench.train.cases.Case`), measured round-robin in one process
-(:func:`nuvec_mlx_bench.core.mlx_measure.run_cases`: a warm-up step each, then peaks, then times), at
-nuvec's defaults unless said:
+One public configuration (random weights; or an architecture at ``--hidden``, ``--layers``, ``--vocab``)
+and mode, the fine-tuning benchmark's cases (:class:`nuvec_mlx_bench.train.cases.Case`), measured
+round-robin in one process (:func:`nuvec_mlx_bench.core.mlx_measure.run_cases`: a warm-up step each, then
+peaks, then times), at nuvec's defaults unless said:
 
 - ``mlx-lm``, ``nuvec``, ``nuvec-unchunked``: the benchmark's strategies;
 - ``nuvec-head-recomputed``: ``nuvec`` with its step traced as outside nuvec's gradients, so that the
@@ -19,7 +19,7 @@ Peaks are above the weights and optimizer state (MiB), after ``mx.synchronize()`
 medians (min–max) of ``--repeats``::
 
     python benchmarks/probes/step_variants.py --config qwen3-0.6b --mode full
-    python benchmarks/probes/step_variants.py --config qwen3-0.6b --layers 2 --batch 1 --seq 64 --repeats 1
+    python benchmarks/probes/step_variants.py --config llama --hidden 32 --layers 1 --vocab 256 --seq 16 --repeats 1
 """
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ VARIANTS: dict[str, tuple[str, Callable[[], Any], int | None]] = {
 def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """Run the probe on ``argv``; print each variant's peak and time against mlx-lm's and return them."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", default="qwen3-0.6b")
+    p.add_argument("--config", default="qwen3-0.6b", help="a public configuration, or an architecture (with --hidden)")
+    p.add_argument("--hidden", type=int, help="an architecture's width (not for a public configuration)")
+    p.add_argument("--vocab", type=int, help="an architecture's vocabulary (the benchmark's by default)")
     p.add_argument("--mode", choices=MODES, default="full")
     p.add_argument("--layers", type=int, help="fewer layers than the configuration's")
     p.add_argument("--batch", type=int, default=4)
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from the list above")
     args = p.parse_args(argv)
     print(environment.environment(environment.command_line("step_variants.py", argv)))
-    w = TrainWorkload(args.config, batch=args.batch, seq=args.seq, layers=args.layers, mode=args.mode)
+    w = TrainWorkload(args.config, args.batch, args.seq, args.hidden, args.layers, args.vocab, mode=args.mode)
     cases, parts = {}, {}
     for name in args.variants.split(","):
         strategy, tracing, ahead = VARIANTS[name]
