@@ -240,4 +240,18 @@ def test_a_chunk_s_gradient_taken_in_its_forward_pass_holds_no_more_than_its_rec
 
     recomputed = rise(mx.value_and_grad(loss))
     in_forward = rise(lambda h: nv.value_and_grad_flat(lambda xs: loss(xs[0]), 0)([h]))
-    assert 0 < in_forward <= recomputed, (in_forward, recomputed)
+    # Within 64 KiB (the scalars each way holds differ by bytes); one stage for both held 8 MiB more.
+    assert 0 < in_forward <= recomputed + (64 << 10), (in_forward, recomputed)
+
+
+@unstaged_on_purpose  # nuvec's gradient inside mx.vmap, never evaluated by nv.eval
+@pytest.mark.parametrize("take", ["nuvec", "mx"])
+def test_per_example_gradients_of_a_chunked_loss_with_integer_targets_are_the_unchunked_ones(take):
+    head, _, y = data()
+    hs = mx.random.normal((3, B, T, D))
+    if take == "nuvec":
+        grad = lambda h: nv.value_and_grad_flat(lambda xs: chunked_loss(head, xs[0], y), 0)([h])[1][0]  # noqa: E731
+    else:
+        grad = mx.grad(lambda h: chunked_loss(head, h, y))
+    per_example = mx.vmap(grad)(hs)
+    assert_close(per_example, mx.vmap(mx.grad(lambda h: token_loss(head, h, y)))(hs), 1e-5)

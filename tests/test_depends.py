@@ -46,3 +46,18 @@ def test_gradients_jvps_vmaps_and_their_compositions_equal_those_without_the_dep
         ]
 
     assert_close(transformed(_f), transformed(_plain))
+
+
+def test_an_unbatched_input_comes_out_of_vmap_usable_by_every_op():
+    """MLX 0.32's expand_dims misreads an unbatched array that a custom vmap rule returned: the rules here
+    return it broadcast along the batch."""
+    x, ids = mx.random.normal((3, 2, 4)), mx.arange(2)
+
+    def f(x):
+        x, ids_ = _depends.depends([x, ids], [x])
+        return x * ids_[..., None]
+
+    got = mx.vmap(f)(x)
+    assert_close(got, x * ids[..., None], 0)
+    also = mx.vmap(lambda x: _depends.also_into([x, ids], [x])[1][..., None] + x.sum())(x)
+    assert also.shape == (3, 2, 1)
