@@ -18,7 +18,8 @@
 #               Qwen3 at 16, 28, 48 layers); PROBE_ARGS adds arguments; needs mlx-lm (below)
 #   probe-head  benchmarks/probes/head_time.py on the loss heads of Gemma-3-1B (hidden 1152, vocabulary 262,144)
 #               and Llama-3.2-1B (2048, 128,256) at batch 4 x 2048 tokens, frozen (LoRA) and trained (full):
-#               whole, chunked (recomputed, unstaged and staged) and the gradient taken in the forward pass
+#               whole, in chunks of head_chunk's length and of 256, 512 and 1024 tokens, each recomputed or
+#               (nuvec's) its gradient taken in the forward pass, and by hand unstaged
 #   probe-steps benchmarks/probes/step_variants.py (needs mlx-lm) on Llama-3.2-1B LoRA, Qwen3-0.6B full and
 #               Gemma-3-1B LoRA and full at batch 4 x 2048: mlx-lm's step against nuvec's, nuvec's with the
 #               head's chunks recomputed, with every update folded into the next stage, two stages ahead
@@ -116,7 +117,8 @@ part_probe_head() {
   for shape in "--hidden 1152 --vocab 262144" "--hidden 2048 --vocab 128256"; do
     for trained in "" --trainable; do
       # shellcheck disable=SC2086  # the shape and flag are words
-      $PY benchmarks/probes/head_time.py --batch 4 --tokens 2048 $shape $trained ${PROBE_ARGS:-} || return 1
+      $PY benchmarks/probes/head_time.py --batch 4 --tokens 2048 --chunks auto,256,512,1024 $shape $trained \
+        ${PROBE_ARGS:-} || return 1
     done
   done
 }
