@@ -41,26 +41,23 @@ def _depend_jvp(primals, tangents):
 
 @_depend.vmap
 def _depend_vmap(args, axes):
-    (inputs, dependencies), (in_axes, dependency_axes) = args, axes
-    size = batch_size([*inputs, *dependencies], [*in_axes, *dependency_axes])
-    return batched(depends(inputs, dependencies), in_axes, size)
+    return batched(depends(*args), args, axes)
 
 
-def batch_size(arrays: Sequence[mx.array], axes: Sequence[int | None]) -> int:
-    """The size of the batch a ``vmap`` rule was called for: that of its first batched input."""
-    return next(x.shape[a] for x, a in zip(arrays, axes) if a is not None)
-
-
-def batched(arrays: Sequence[mx.array], axes: Sequence[int | None], size: int) -> tuple[list[mx.array], list[int]]:
-    """``arrays`` and their batch axes for a ``vmap`` rule to return, none unbatched: an unbatched array is
-    broadcast along a new first axis of ``size`` (a view, no copy).
+def batched(
+    outputs: Sequence[mx.array], args: Sequence[Sequence[mx.array]], axes: Sequence[Sequence[int | None]]
+) -> tuple[list[mx.array], list[int]]:
+    """What a custom function's ``vmap`` rule returns for ``outputs`` that pass ``args[0]`` through: each
+    batched as its input in ``args[0]``, and none unbatched: an unbatched one is broadcast along a new first
+    axis of the batch's size (read from the first batched array of ``args``; a view, no copy).
 
     MLX 0.32's ``ExpandDims`` vmap rule misreads an unbatched input that a custom function's vmap rule
     returned (axis -1: ``x[..., None]`` on it raises ``[expand_dims] Axis ... is out of bounds``), and a
     chunked loss's integer targets are such an input under ``mx.vmap(mx.grad(...))``.
     """
-    out = [x if a is not None else mx.broadcast_to(x[None], (size, *x.shape)) for x, a in zip(arrays, axes)]
-    return out, [0 if a is None else a for a in axes]
+    size = next(x.shape[a] for xs, xs_axes in zip(args, axes) for x, a in zip(xs, xs_axes) if a is not None)
+    out = [x if a is not None else mx.broadcast_to(x[None], (size, *x.shape)) for x, a in zip(outputs, axes[0])]
+    return out, [0 if a is None else a for a in axes[0]]
 
 
 def depends(inputs: Sequence[mx.array], dependencies: Sequence[mx.array]) -> list[mx.array]:
@@ -113,7 +110,7 @@ def _also_into_jvp(primals, tangents):
 
 @_also_into.vmap
 def _also_into_vmap(args, axes):
-    return batched(args[0], axes[0], batch_size([*args[0], *args[1]], [*axes[0], *axes[1]]))
+    return batched(args[0], args, axes)
 
 
 def also_into(outputs: Sequence[mx.array], graph: Sequence[mx.array]) -> list[mx.array]:

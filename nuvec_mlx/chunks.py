@@ -300,8 +300,7 @@ def _first_order_jvp(primals: Any, tangents: Any) -> Any:
 
 @_first_order.vmap
 def _first_order_vmap(inputs: Any, axes: Any) -> tuple[list[mx.array], list[int]]:
-    size = _depends.batch_size([*inputs[0], *inputs[1]], [*axes[0], *axes[1]])
-    return _depends.batched(inputs[0], axes[0], size)
+    return _depends.batched(inputs[0], inputs, axes)
 
 
 _SECOND_ORDER = (
