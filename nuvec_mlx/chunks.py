@@ -126,8 +126,9 @@ class _Call:
         self.diff = [i for i, x in enumerate(xs) if _validate.is_differentiable(x)]
         self.wanted = [i for i in self.diff if not _constants.is_constant(xs[i])]
         self.keys: list[mx.array] = []  # each chunk's random key in the forward, replayed by its recomputation
-        self.in_forward = False  # whether the gradients are taken in the forward pass (_forward_with_gradients)
-        self.taken: list[mx.array] = []  # those gradients, of the wanted inputs, for a cotangent of 1
+        # The wanted inputs' gradients for a cotangent of 1 where they were taken in the forward pass
+        # (_forward_with_gradients), else empty: the backward pass recomputes the chunks.
+        self.taken: list[mx.array] = []
         self.out_axes: list[int | str] = []
         self.starts: list[list[int]] = []  # per chunk, where its part of each concatenated output starts
         self.graph: list[mx.array] = []
@@ -148,8 +149,8 @@ class _Call:
         self.keys.append(_random.key())
         first = self.run(stopped, 0)
         self.out_axes = self._out_axes(first)
-        self.in_forward = _gradient.active() and bool(self.wanted) and self.out_axes == [SUM] and first[0].ndim == 0
-        if self.in_forward:  # first is dropped unevaluated: chunk 0 runs again with its gradient
+        if _gradient.active() and self.wanted and self.out_axes == [SUM] and first[0].ndim == 0:
+            # first is dropped unevaluated: chunk 0 runs again with its gradient
             return self._forward_with_gradients(stopped, first[0].dtype)
         outs = [_marks.mark(first, _marks.CHUNK)]
         for c in range(1, len(self.chunks)):
@@ -235,7 +236,7 @@ class _Call:
         zeros = [mx.zeros_like(p) for p in primals]
         if not self.wanted:
             return zeros
-        if self.in_forward:  # a scalar's cotangent scales the gradients taken for 1
+        if self.taken:  # a scalar's cotangent scales the gradients taken for 1
             scaled = [(cotangents[0] * g).astype(g.dtype) for g in self.taken]
             # mx.custom_function's __call__ is typed object; _first_order returns a list of arrays.
             guarded = cast(list[mx.array], _first_order(scaled, [primals[i] for i in self.wanted]))
