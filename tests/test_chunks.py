@@ -236,6 +236,7 @@ def test_a_chunk_s_gradient_taken_in_its_forward_pass_holds_no_more_than_its_rec
         nv.eval(step(h))  # traced and compiled
         with nv.memory.measure() as m:
             nv.eval(step(h))
+        assert step.traces == 1  # compiled for real: the second call replayed the first one's trace
         return m.rise
 
     recomputed = rise(mx.value_and_grad(loss))
