@@ -65,6 +65,7 @@ class _Step:
 
 _step: contextvars.ContextVar[_Step | None] = contextvars.ContextVar("nuvec_mlx_step", default=None)
 _held: contextvars.ContextVar[tuple[object, ...]] = contextvars.ContextVar("nuvec_mlx_stage_held", default=())
+_recomputing: contextvars.ContextVar[bool] = contextvars.ContextVar("nuvec_mlx_recomputing", default=False)
 
 
 @contextlib.contextmanager
@@ -137,6 +138,21 @@ def holding(modules: Sequence[object]) -> Iterator[None]:
 def held() -> tuple[object, ...]:
     """The modules that a checkpoint made here holds (see :func:`holding`)."""
     return _held.get()
+
+
+@contextlib.contextmanager
+def recomputing() -> Iterator[None]:
+    """Inside, a checkpoint's backward pass recomputes its forward pass: only what its vjps read is needed."""
+    token = _recomputing.set(True)
+    try:
+        yield
+    finally:
+        _recomputing.reset(token)
+
+
+def in_recomputation() -> bool:
+    """Whether the code running is a checkpoint's recomputation (see :func:`recomputing`)."""
+    return _recomputing.get()
 
 
 #: The kinds of stage, told apart by the mark's dtype (which survives compile): a block's

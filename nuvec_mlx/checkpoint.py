@@ -113,7 +113,7 @@ class _Call:
         return self.graph
 
     def recompute(self, xs: Sequence[mx.array], key: mx.array) -> list[mx.array]:
-        with _random.drawing_from(key), self.kept.replaying():
+        with _random.drawing_from(key), self.kept.replaying(), _marks.recomputing():
             out = self.run(xs)
         if _signature(out) != self.signature:
             raise ValueError(

@@ -102,6 +102,7 @@ class _Call:
         size: the chunk length.
         out_axes: per output, the axis chunks are concatenated along, or :data:`SUM`.
         captured: ``"differentiate"`` or ``"constant"`` (see :func:`checkpoint_chunks`).
+        lazy_in_recompute: see :func:`checkpoint_chunks`.
     """
 
     def __init__(
@@ -112,8 +113,10 @@ class _Call:
         size: int,
         out_axes: int | str | Sequence[int | str],
         captured: str,
+        lazy_in_recompute: bool = False,
     ):
         self.fn, self.xs, self.axes, self.out_axes_spec, self.captured = fn, xs, axes, out_axes, captured
+        self.lazy_in_recompute = lazy_in_recompute
         lengths = {x.shape[a] for x, a in zip(xs, axes, strict=True) if a is not None}
         if len(lengths) != 1:
             shapes = [(tuple(x.shape), a) for x, a in zip(xs, axes, strict=True) if a is not None]
@@ -152,10 +155,13 @@ class _Call:
         if _gradient.active() and self.wanted and self.out_axes == [SUM] and first[0].ndim == 0:
             # first is dropped unevaluated: chunk 0 runs again with its gradient
             return self._forward_with_gradients(stopped, first[0].dtype)
-        outs = [_marks.mark(first, _marks.CHUNK)]
+        # In a checkpoint's recomputation a lazy call's chunks are no stages: MLX computes them only if read.
+        staged = not (self.lazy_in_recompute and _marks.in_recomputation())
+        outs = [_marks.mark(first, _marks.CHUNK) if staged else first]
         for c in range(1, len(self.chunks)):
             self.keys.append(_random.key())
-            outs.append(_marks.mark(self.run(stopped, c), _marks.CHUNK))
+            out = self.run(stopped, c)
+            outs.append(_marks.mark(out, _marks.CHUNK) if staged else out)
         ends = [0] * len(self.out_axes)
         for out in outs:
             self.starts.append(list(ends))
@@ -278,7 +284,8 @@ class _Call:
         out_axes = [SUM if a == SUM else a + 1 for a in self.out_axes]  # type: ignore[operator]
         keys = iter(self.keys)
         with _random.drawing_from(next(keys)):
-            out = _checkpointed(fn, xs, split, self.chunks[0].stop - self.chunks[0].start, out_axes, self.captured)
+            size = self.chunks[0].stop - self.chunks[0].start
+            out = _checkpointed(fn, xs, split, size, out_axes, self.captured, self.lazy_in_recompute)
         return out, [0] * len(out)
 
 
@@ -319,9 +326,10 @@ def _checkpointed(
     size: int,
     out_axes: int | str | Sequence[int | str],
     captured: str,
+    lazy_in_recompute: bool = False,
 ) -> list[mx.array]:
     """``fn`` over ``xs`` in chunks, each checkpointed and staged."""
-    call = _Call(fn, xs, axes, size, out_axes, captured)
+    call = _Call(fn, xs, axes, size, out_axes, captured, lazy_in_recompute)
     if not call.diff:
         return call._combine([call.run(xs, c) for c in range(len(call.chunks))]) if call.chunks else []
     chunked = mx.custom_function(call.forward)
@@ -350,6 +358,7 @@ def checkpoint_chunks(
     out_axes: int | str | Sequence[int | str] = 1,
     slice_arg: str | None = None,
     captured: str = "differentiate",
+    lazy_in_recompute: bool = False,
 ) -> Callable[..., Any]:
     """Compute ``fn`` in chunks of ``size`` along an axis, each chunk checkpointed: one chunk's memory at a time.
 
@@ -386,6 +395,15 @@ def checkpoint_chunks(
             its arguments and their modules are differentiated exactly, through
             the forward's graph, which then stays whole until the backward
             pass; ``"constant"``: they get no gradient.
+        lazy_in_recompute: inside a checkpoint's recomputation (the backward
+            pass of a checkpointed block), leave the chunks' forward pass to
+            MLX instead of making each chunk a stage, so that it is computed
+            only if the block's backward pass reads its outputs. A block's MLP,
+            whose output only joins the residual sum, then runs twice, as
+            without chunks: in the block's forward pass, and chunk by chunk in
+            its own backward pass. Leave it ``False`` where the outputs are
+            read (attention's feed the output projection's gradient): staged,
+            the recomputed chunks are computed one at a time.
 
     Returns:
         A function with the signature of ``fn``.
@@ -402,9 +420,16 @@ def checkpoint_chunks(
         raise ValueError(f"slice_arg must be None or a keyword argument's name, got {slice_arg!r}")
     if captured not in ("differentiate", "constant"):
         raise ValueError(f"captured must be 'differentiate' or 'constant', got {captured!r}")
+    _validate.check_bool(lazy_in_recompute, "lazy_in_recompute")
     if fn is None:
         return functools.partial(
-            checkpoint_chunks, size=size, in_axes=in_axes, out_axes=out_axes, slice_arg=slice_arg, captured=captured
+            checkpoint_chunks,
+            size=size,
+            in_axes=in_axes,
+            out_axes=out_axes,
+            slice_arg=slice_arg,
+            captured=captured,
+            lazy_in_recompute=lazy_in_recompute,
         )
     _validate.check_callable(fn, "fn")
     body = fn if slice_arg is None else _given_slice(fn, slice_arg)
@@ -432,7 +457,8 @@ def checkpoint_chunks(
                     finally:
                         _slice.reset(token)
 
-                return _checkpointed(one, _validate.check_array_list(xs, "xs"), full, size, out_axes, captured)
+                xs = _validate.check_array_list(xs, "xs")
+                return _checkpointed(one, xs, full, size, out_axes, captured, lazy_in_recompute)
 
             return run
 

@@ -17,12 +17,14 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
+import mlx.core as mx
 import mlx.nn as nn
 
 from . import _attention, _policies, _pytree, _validate, policies
 from .checkpoint import checkpoint_flat
+from .chunks import checkpoint_chunks
 
-_subclasses: dict[tuple[type, Callable | None, int | str | None], type[nn.Module]] = {}
+_subclasses: dict[tuple[type, Callable | None, int | str | None, int | None], type[nn.Module]] = {}
 
 # Bumped whenever a module's checkpointing changes: a compiled step traced before runs its
 # blocks as they were when traced, so nv.TrainingStep traces again when this moved.
@@ -35,17 +37,22 @@ def changes() -> int:
 
 
 def _checkpointed_class(
-    cls: type[nn.Module], policy: policies.Policy | None = None, attention_chunk: int | str | None = "auto"
+    cls: type[nn.Module],
+    policy: policies.Policy | None = None,
+    attention_chunk: int | str | None = "auto",
+    chunk: int | None = None,
 ) -> type[nn.Module]:
-    """The cached subclass of ``cls`` whose ``__call__`` runs checkpointed with ``policy``."""
-    key = (cls, policy, attention_chunk)
+    """The cached subclass of ``cls`` whose ``__call__`` runs checkpointed with ``policy``, or in chunks."""
+    key = (cls, policy, attention_chunk, chunk)
     if key not in _subclasses:
         transform = functools.partial(checkpoint_flat, policy=policy, attention_chunk=attention_chunk)
 
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
             # The original __call__, bound: self and what its code reaches are captured.
-            body = _policies.offering_layers(cls.__call__.__get__(self), policy)
-            return _pytree.call_flat(transform, body, args, kwargs)
+            body = cls.__call__.__get__(self)
+            if chunk is not None:
+                return _in_chunks(body, chunk, args, kwargs)
+            return _pytree.call_flat(transform, _policies.offering_layers(body, policy), args, kwargs)
 
         def __reduce_ex__(self, protocol: int) -> tuple:
             # Pickled by reference to the original class (the subclass is made at
@@ -84,11 +91,30 @@ def restoring(modules: Sequence[nn.Module]) -> Iterator[None]:
                 _changes += 1
 
 
+def _in_chunks(call: Callable[..., Any], chunk: int, args: tuple, kwargs: dict) -> Any:
+    """``call(*args, **kwargs)`` checkpointed in chunks of ``chunk`` along axis 1 of its first argument."""
+    if not args or not isinstance(args[0], mx.array) or args[0].ndim < 2:
+        raise ValueError(
+            f"a module checkpointed in chunks ({_validate.name_of(call)}) splits its first positional "
+            "argument along axis 1 (tokens of batch x tokens x features): it must be an array of 2 or more "
+            f"dimensions, got {_describe(args[0]) if args else 'no positional argument'}"
+        )
+    axes = [1, *[None] * (len(args) - 1)]
+    return checkpoint_chunks(call, size=chunk, in_axes=axes, lazy_in_recompute=True)(*args, **kwargs)
+
+
+def _describe(value: object) -> str:
+    return f"an array of shape {tuple(value.shape)}" if isinstance(value, mx.array) else type(value).__name__
+
+
 def _new_checkpointed(
-    cls: type[nn.Module], policy: policies.Policy | None = None, attention_chunk: int | str | None = "auto"
+    cls: type[nn.Module],
+    policy: policies.Policy | None = None,
+    attention_chunk: int | str | None = "auto",
+    chunk: int | None = None,
 ) -> nn.Module:
     """An empty checkpointed instance of ``cls``, for pickle and copy to fill."""
-    sub = _checkpointed_class(cls, policy, attention_chunk)
+    sub = _checkpointed_class(cls, policy, attention_chunk, chunk)
     return sub.__new__(sub)
 
 
@@ -119,12 +145,24 @@ def checkpoint_module(
     enable: bool = True,
     policy: policies.Policy | None = None,
     attention_chunk: int | str | None = "auto",
+    chunk: int | None = None,
 ) -> nn.Module:
     """Checkpoint one module instance (in place); ``enable=False`` undoes it.
 
     Its trainable parameters are primals of the checkpoint; frozen ones are
     constants (so LoRA adapters on frozen weights train as usual). A module
     checkpointed again with another policy takes the new one.
+
+    With ``chunk``, the module is checkpointed in chunks of that many tokens
+    (:func:`nuvec_mlx.checkpoint_chunks` along axis 1 of its first argument,
+    batch x tokens x features): one chunk's intermediates are alive at a time,
+    in its forward and its backward pass. This is for modules that treat
+    tokens independently, such as a transformer block's MLP. Nested inside a
+    checkpointed block it costs no computation: the block's recomputation no
+    longer needs the module's forward pass, which the chunks' recomputation
+    replaces. There it bounds what the block's backward pass holds, which is
+    the peak of LoRA fine-tuning on long sequences, where mlx-lm's float32
+    adapters keep float32 copies of the MLP's activations.
 
     Args:
         module: an ``mlx.nn.Module`` instance.
@@ -135,26 +173,36 @@ def checkpoint_module(
         attention_chunk: attention inside the module in query chunks
             (:func:`nuvec_mlx.checkpoint_flat`): ``"auto"`` where the backend
             trains attention unfused, a chunk size, or ``None``.
+        chunk: ``None`` (the module whole), or the tokens per chunk (an int
+            >= 1; ``policy`` must then be ``None``, ``attention_chunk`` is unused).
 
     Returns:
         ``module`` itself.
 
     Raises:
         TypeError: ``module``'s class defines no ``__call__``.
+        ValueError: ``chunk`` with a ``policy``; or, when called, a module in
+            chunks whose first positional argument is not an array of 2 or
+            more dimensions.
 
     Example:
         >>> nv.checkpoint_module(model.layers[0])
         >>> nv.checkpoint_module(model.layers[1], policy=nv.policies.save_matmuls)
+        >>> nv.checkpoint_module(model.layers[1].mlp, chunk=512)  # inside a checkpointed block
     """
     _validate.check_module(module, "module")
     _validate.check_bool(enable, "enable")
     policy = _policies.check_policy(policy)
     attention_chunk = _attention.check(attention_chunk)
+    if chunk is not None:
+        _validate.check_int(chunk, "chunk", minimum=1)
+        if policy is not None:
+            raise ValueError("chunk must be None with a policy: a policy keeps values of a whole module's forward pass")
     global _changes
     cls = type(module).__dict__.get("_nuvec_original_class", type(module))
     if enable:
         _check_has_call(module, "module")
-    new = _checkpointed_class(cls, policy, attention_chunk) if enable else cls
+    new = _checkpointed_class(cls, policy, attention_chunk, chunk) if enable else cls
     if type(module) is not new:
         module.__class__ = new
         _changes += 1

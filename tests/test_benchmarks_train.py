@@ -269,14 +269,19 @@ def test_mlx_lm_strategy_checkpoints_its_class_only_while_its_step_runs():
     assert cls.__dict__["__call__"] is plain
 
 
-@pytest.mark.parametrize("strategy, head", [("nuvec", ["chunk"] * 2), ("nuvec-unchunked", [])])
-def test_nuvecs_steps_stage_every_block_its_update_and_the_chunked_head(strategy, head):
+@pytest.mark.parametrize(
+    "strategy, head, mlp",
+    [("nuvec", ["chunk"] * 2, []), ("nuvec-unchunked", [], []), ("nuvec-mlp-chunks", ["chunk"] * 2, ["chunk"])],
+)
+def test_nuvecs_steps_stage_every_block_its_update_and_the_chunked_head(strategy, head, mlp):
     """The head here is one chunk (64 tokens of vocabulary over a width of 32): its value, then its
-    gradient, taken in the forward pass."""
+    gradient, taken in the forward pass; so is each MLP of nuvec-mlp-chunks (32 tokens), in the forward
+    pass and in the backward pass."""
     case = Case(TINY, strategy)
     with nv.memory.timeline() as t:
         case.evaluate(case.step(case.batch(32)))
-    assert [r.kind for r in t.readings] == ["forward"] * 2 + head + ["backward", "update"] * 2 + ["outputs"]
+    expected = (mlp + ["forward"]) * 2 + head + (mlp + ["backward", "update"]) * 2 + ["outputs"]
+    assert [r.kind for r in t.readings] == expected
 
 
 @pytest.mark.parametrize("strategy", ["nuvec", "mlx-lm"])

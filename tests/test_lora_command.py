@@ -86,7 +86,7 @@ def test_help_and_banner_say_it_is_nuvec_s(folder, data, tmp_path, eager, capsys
     helped = capsys.readouterr().out
     assert info.value.code == 0 and helped.startswith("usage: nuvec-mlx-lora")
     assert "nuvec's mlx_lm.lora" in " ".join(helped.split())
-    for flag in ("--stages-ahead", "--attention-chunk", "--loss-chunk", "--plan"):
+    for flag in ("--stages-ahead", "--attention-chunk", "--loss-chunk", "--mlp-chunk", "--plan"):
         assert flag in helped
     nvlm.main(args(folder, data, tmp_path, "--grad-checkpoint", "--iters", 1))
     printed = ANSI.sub("", capsys.readouterr().out)
@@ -96,7 +96,14 @@ def test_help_and_banner_say_it_is_nuvec_s(folder, data, tmp_path, eager, capsys
 
 
 @pytest.mark.parametrize(
-    "flag, value", [("--stages-ahead", 1), ("--attention-chunk", 64), ("--loss-chunk", 0), ("--plan", "plan.json")]
+    "flag, value",
+    [
+        ("--stages-ahead", 1),
+        ("--attention-chunk", 64),
+        ("--loss-chunk", 0),
+        ("--mlp-chunk", 8),
+        ("--plan", "plan.json"),
+    ],
 )
 @pytest.mark.parametrize("where", ["flag", "config file"])
 def test_a_flag_that_acts_on_checkpointed_blocks_needs_grad_checkpoint(
@@ -145,6 +152,16 @@ def test_a_plan_of_nuvec_mlx_plan_checkpoints_the_blocks_it_names_and_trains_as_
     monkeypatch.setattr(sys, "argv", ["mlx_lm.lora", *args(folder, data, tmp_path / "mlx", "--num-layers", "4")])
     lora.main()
     assert ours == losses(capsys.readouterr().out) and len(ours) == 2
+
+
+@pytest.mark.parametrize("flag", ["--attention-chunk", "--mlp-chunk"])
+def test_a_plan_refuses_a_chunk_flag_it_was_not_measured_with(folder, data, saved_plan, tmp_path, flag, capsys):
+    with pytest.raises(SystemExit) as info:
+        nvlm.main(args(folder, data, tmp_path, "--grad-checkpoint", "--plan", saved_plan, flag, 8))
+    assert info.value.code == 2
+    assert f"nuvec-mlx-lora: error: {flag}: with --plan the blocks are checkpointed as the plan was measured" in (
+        capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize(

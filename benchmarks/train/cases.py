@@ -15,6 +15,9 @@ The strategies, each the step a user's trainer runs:
   :func:`nuvec_mlx.default_ahead`, 1 on a GPU, 0 on the CPU; the throttle in force);
 - ``nuvec-unchunked``: the same without chunks (``attention_chunk=None``,
   mlx-lm's ``default_loss``): what ``nuvec-mlx-lora`` ran before the chunks;
+- ``nuvec-mlp-chunks``: ``nuvec`` with each block's MLP in chunks of
+  :data:`MLP_CHUNK` tokens inside the checkpointed block (``nuvec-mlx-lora
+  --mlp-chunk``), so that a block's backward pass holds one chunk of it;
 - ``nuvec-ahead0``, ``nuvec-ahead2``: ``nuvec`` with that many stages queued
   ahead (``TrainingStep(..., ahead=n)``): 0 waits for each stage before the host
   builds the next, more let the device run while the host builds;
@@ -64,17 +67,24 @@ from ..core import mlx_measure, rounds
 
 @dataclasses.dataclass(frozen=True)
 class NuvecStep:
-    """How a nuvec strategy checkpoints and steps: attention's chunks, the loss, the stages ahead."""
+    """How a nuvec strategy checkpoints and steps: attention's chunks, the loss, the stages ahead, the MLP's
+    chunks."""
 
     attention_chunk: str | None
     loss: Callable[..., tuple[mx.array, mx.array]]
     ahead: int | None = None
+    mlp_chunk: int | None = None
+
+
+#: The tokens per chunk of ``nuvec-mlp-chunks``' MLPs: 4 chunks of a 2048-token sequence.
+MLP_CHUNK = 512
 
 
 #: The strategies that run a :class:`nuvec_mlx.TrainingStep`, and how.
 NUVEC_STEPS = {
     "nuvec": NuvecStep("auto", nv_mlx_lm.chunked_loss),
     "nuvec-unchunked": NuvecStep(None, default_loss),
+    "nuvec-mlp-chunks": NuvecStep("auto", nv_mlx_lm.chunked_loss, mlp_chunk=MLP_CHUNK),
     "nuvec-ahead0": NuvecStep("auto", nv_mlx_lm.chunked_loss, ahead=0),
     "nuvec-ahead2": NuvecStep("auto", nv_mlx_lm.chunked_loss, ahead=2),
 }
@@ -216,6 +226,10 @@ class Case:
         if strategy in NUVEC_STEPS:
             how = NUVEC_STEPS[strategy]
             nv.checkpoint_layers(self.model, attention_chunk=how.attention_chunk)
+            mlps = [nv_mlx_lm.feed_forward(b) for b in self.model.layers] if how.mlp_chunk else []
+            for mlp in mlps:
+                if mlp is not None:
+                    nv.checkpoint_module(mlp, chunk=how.mlp_chunk)
             self.training = nv.TrainingStep(self.model, how.loss, self.optimizer, ahead=how.ahead)
             self.state = self.training.state
         else:

@@ -35,6 +35,7 @@ STYLES = {
     "mlx-lm": ("tab:blue", "s-"),
     "nuvec": ("tab:green", "o-"),
     "nuvec-unchunked": ("tab:olive", "^--"),
+    "nuvec-mlp-chunks": ("tab:red", "o--"),
     "nuvec-ahead0": ("tab:cyan", "d-"),
     "nuvec-ahead2": ("tab:pink", "d:"),
     "nuvec-mx-eval": ("tab:purple", "v:"),
@@ -113,7 +114,8 @@ def notes(rows: list[dict], args: argparse.Namespace) -> list[str]:
         "(`nuvec_mlx.mlx_lm.chunked_loss`), an `nv.TrainingStep` with the throttle "
         f"{throttle.throttle_text(args.throttle)} and the device's stages ahead (`nv.default_ahead()`, here "
         f"{default_ahead()}); `nuvec-unchunked` the same without chunks (`attention_chunk=None`, mlx-lm's "
-        "`default_loss`); `nuvec-aheadN` with N stages queued ahead; `nuvec-mx-eval` nuvec's checkpoint on every "
+        f"`default_loss`); `nuvec-mlp-chunks` with each block's MLP in chunks of {cases.MLP_CHUNK} tokens "
+        "(`--mlp-chunk`); `nuvec-aheadN` with N stages queued ahead; `nuvec-mx-eval` nuvec's checkpoint on every "
         "block in mlx-lm's own step (`mx.compile`, `mx.eval`)",
     ]
     if args.seqs:

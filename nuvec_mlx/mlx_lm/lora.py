@@ -30,7 +30,7 @@ DESCRIPTION = (
     "16 layers, or all of them on a model with fewer."
 )
 #: The flags that act on the checkpointed blocks, as config keys.
-NEED_GRAD_CHECKPOINT = ("stages_ahead", "attention_chunk", "loss_chunk", "plan")
+NEED_GRAD_CHECKPOINT = ("stages_ahead", "attention_chunk", "loss_chunk", "mlp_chunk", "plan")
 
 Run = Callable[[argparse.Namespace], None]
 
@@ -130,12 +130,13 @@ def main(argv: list[str] | None = None) -> None:
     """The ``nuvec-mlx-lora`` command: ``mlx_lm.lora`` training with :func:`train`.
 
     It takes ``mlx_lm.lora``'s arguments and config files unchanged
-    (``--grad-checkpoint`` checkpoints every block with nuvec), and four more,
+    (``--grad-checkpoint`` checkpoints every block with nuvec), and five more,
     each also a key of a config file, each needing ``--grad-checkpoint``:
     ``--stages-ahead N`` (``stages_ahead``), :func:`~nuvec_mlx.mlx_lm.train`'s
     ``ahead``; ``--attention-chunk`` (``attention_chunk``) and ``--loss-chunk``
     (``loss_chunk``), its ``attention_chunk`` and ``loss_chunk``: ``auto``
-    (the default), a size, or 0 for none; ``--plan plan.json`` (``plan``),
+    (the default), a size, or 0 for none; ``--mlp-chunk N`` (``mlp_chunk``),
+    its ``mlp_chunk`` (0 or unset: none); ``--plan plan.json`` (``plan``),
     the blocks checkpointed as a plan of ``nuvec-mlx-plan --save`` says
     (:meth:`nuvec_mlx.Plan.apply` after mlx-lm's LoRA conversion) instead of
     every block. Without ``--num-layers`` (or ``num_layers``), it fine-tunes
@@ -159,16 +160,18 @@ def main(argv: list[str] | None = None) -> None:
                 PROG,
                 f"{flags} {'needs' if len(given) == 1 else 'need'} --grad-checkpoint (which checkpoints the blocks)",
             )
-        if args.plan is not None and args.attention_chunk is not None:
-            fail(
-                PROG,
-                "--attention-chunk: with --plan the blocks are checkpointed as the plan was measured "
-                "(attention_chunk auto); leave it out",
-            )
+        for name in ("attention_chunk", "mlp_chunk"):
+            if args.plan is not None and getattr(args, name) is not None:
+                fail(
+                    PROG,
+                    f"--{name.replace('_', '-')}: with --plan the blocks are checkpointed as the plan was measured "
+                    "(attention_chunk auto, no MLP chunks); leave it out",
+                )
         settings = {
             "ahead": args.stages_ahead,
             "attention_chunk": _auto(args.attention_chunk),
             "loss_chunk": _auto(args.loss_chunk),
+            "mlp_chunk": args.mlp_chunk,
             "plan": None if args.plan is None else _load_plan(args.plan),
         }
         trainer = functools.partial(_train, settings)
@@ -181,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stages-ahead",
-        type=_stages_ahead,
+        type=_nonnegative_int,
         default=None,
         help="nuvec, with --grad-checkpoint: checkpointed stages queued ahead of the one waited for; 0 gives "
         "the lowest peak (default: 1 on a GPU, 0 on the CPU)",
@@ -201,6 +204,13 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "from the vocabulary and hidden size, 0 for none",
     )
     parser.add_argument(
+        "--mlp-chunk",
+        type=_nonnegative_int,
+        default=None,
+        help="nuvec, with --grad-checkpoint: each block's MLP in chunks of this many tokens inside the "
+        "checkpointed block (lower peak for LoRA on long sequences, same computation); 0 or unset for none",
+    )
+    parser.add_argument(
         "--plan",
         default=None,
         help="nuvec, with --grad-checkpoint: checkpoint the blocks as this plan says (nuvec-mlx-plan --save "
@@ -216,7 +226,11 @@ def _rows(settings: dict[str, Any], args: Any) -> list[tuple[str, str]]:
     ahead = "device default" if settings["ahead"] is None else settings["ahead"]
     return [
         ("nuvec", f"checkpointed: {blocks}"),
-        ("stages", f"ahead {ahead} · attention {settings['attention_chunk']} · loss chunk {settings['loss_chunk']}"),
+        (
+            "stages",
+            f"ahead {ahead} · attention {settings['attention_chunk']} · loss chunk {settings['loss_chunk']}"
+            f" · MLP chunk {settings['mlp_chunk'] or 'none'}",
+        ),
     ]
 
 
@@ -242,8 +256,8 @@ def _load_plan(path: str) -> Any:
         fail(PROG, f"--plan {path}: not a plan that nuvec-mlx-plan --save wrote ({type(e).__name__}: {e})")
 
 
-def _stages_ahead(text: str) -> int:
-    """``--stages-ahead``'s value: an int >= 0."""
+def _nonnegative_int(text: str) -> int:
+    """``--stages-ahead``'s and ``--mlp-chunk``'s value: an int >= 0."""
     try:
         value = int(text)
     except ValueError:
@@ -257,7 +271,7 @@ def _chunk_setting(text: str) -> int | str:
     """``--attention-chunk`` and ``--loss-chunk``: ``auto`` or an int >= 0 (0: none)."""
     if text == "auto":
         return text
-    return _stages_ahead(text)
+    return _nonnegative_int(text)
 
 
 def _auto(setting: object) -> object:

@@ -76,14 +76,32 @@ def training_step(
     return step, training.state
 
 
+#: The names mlx-lm's blocks give their feed-forward module (MLP, or mixture of experts), which treats tokens
+#: independently: what ``mlp_chunk`` checkpoints in chunks.
+FEED_FORWARD = ("mlp", "feed_forward", "block_sparse_moe")
+
+
+def feed_forward(block: nn.Module) -> nn.Module | None:
+    """``block``'s feed-forward module (its child named as in :data:`FEED_FORWARD`), or ``None``."""
+    return next((c for name in FEED_FORWARD if isinstance(c := block.get(name), nn.Module)), None)
+
+
 @contextlib.contextmanager
-def checkpointed_blocks(model: nn.Module, attention_chunk: int | str | None = "auto") -> Iterator[list[nn.Module]]:
+def checkpointed_blocks(
+    model: nn.Module, attention_chunk: int | str | None = "auto", mlp_chunk: int | None = None
+) -> Iterator[list[nn.Module]]:
     """Checkpoint every block of ``model.layers`` inside, whatever its class; undone after.
 
     Blocks already checkpointed stay so.
 
     Args:
         model: an mlx-lm model (its repeated blocks are ``model.layers``).
+        attention_chunk: attention's query chunks (:func:`nuvec_mlx.checkpoint_module`).
+        mlp_chunk: ``None``, or the tokens per chunk of each checkpointed
+            block's feed-forward module (:func:`feed_forward`), checkpointed in
+            chunks inside it (:func:`nuvec_mlx.checkpoint_module`'s ``chunk``):
+            the block's backward pass then holds one chunk of the MLP's
+            intermediates; blocks without one are left whole.
 
     Yields:
         The blocks checkpointed here.
@@ -96,14 +114,16 @@ def checkpointed_blocks(model: nn.Module, attention_chunk: int | str | None = "a
     layers = getattr(model, "layers", None)
     if not isinstance(layers, (list, tuple)) or not layers:
         raise ValueError("model must have its blocks in model.layers (a list, as mlx-lm's models have)")
+    if mlp_chunk is not None:
+        _validate.check_int(mlp_chunk, "mlp_chunk", minimum=1)
     blocks = [b for i, b in enumerate(layers) if not is_checkpointed(_validate.check_module(b, f"model.layers[{i}]"))]
-    for b in blocks:
-        checkpoint_module(b, attention_chunk=attention_chunk)
-    try:
-        yield blocks
-    finally:
+    mlps = [m for b in blocks if mlp_chunk is not None and (m := feed_forward(b)) is not None]
+    with restoring(blocks + mlps):
         for b in blocks:
-            checkpoint_module(b, enable=False)
+            checkpoint_module(b, attention_chunk=attention_chunk)
+        for m in mlps:
+            checkpoint_module(m, chunk=mlp_chunk)
+        yield blocks
 
 
 def train(
@@ -118,6 +138,7 @@ def train(
     ahead: int | None = None,
     attention_chunk: int | str | None = "auto",
     loss_chunk: int | str | None = "auto",
+    mlp_chunk: int | None = None,
     plan: Plan | None = None,
 ) -> None:
     """``mlx_lm.tuner.trainer.train``, with nuvec's checkpoints and staged evaluation.
@@ -148,6 +169,9 @@ def train(
         loss_chunk: with ``grad_checkpoint`` and mlx-lm's default loss, the
             loss head's tokens per chunk (:func:`nuvec_mlx.mlx_lm.chunked_loss`):
             ``"auto"``, a size, or ``None`` for mlx-lm's unchunked loss.
+        mlp_chunk: with ``grad_checkpoint``, ``None`` or the tokens per chunk
+            of each block's MLP inside the checkpointed block
+            (:func:`checkpointed_blocks`); unused with ``plan``.
         plan: with ``grad_checkpoint``, a :class:`nuvec_mlx.Plan` (``nuvec-mlx-plan
             --save``, :meth:`nuvec_mlx.Plan.load_json`): the blocks are
             checkpointed as it says (:meth:`nuvec_mlx.Plan.apply`, for the run)
@@ -177,7 +201,7 @@ def train(
     step = TrainingStep(model, loss, optimizer, ahead=ahead, accumulate=args.grad_accumulation_steps)
     maybe_set_recommended_wired_limit()
     blocks = (
-        checkpointed_blocks(model, _chunk(attention_chunk, "attention_chunk"))
+        checkpointed_blocks(model, _chunk(attention_chunk, "attention_chunk"), _size(mlp_chunk, "mlp_chunk"))
         if plan is None
         else _planned(model, plan)
     )
@@ -283,6 +307,13 @@ def _save_adapters(model: nn.Module, adapter_file: str | Path, it: int | None = 
     numbered = Path(adapter_file).parent / f"{it:07d}_adapters.safetensors"
     mx.save_safetensors(str(numbered), weights)
     return numbered
+
+
+def _size(setting: object, name: str) -> int | None:
+    """A chunk size with no ``"auto"``: ``None`` (0 too: off, as on the command line) or an int >= 1."""
+    if setting is None or (setting == 0 and not isinstance(setting, bool)):
+        return None
+    return _validate.check_int(setting, name, minimum=1)
 
 
 def _chunk(setting: object, name: str) -> int | str | None:
