@@ -41,6 +41,10 @@
 #               logits, which ends MLX's process on CUDA: the benchmark skips such steps, LOGITS_LIMIT)
 #   train-moe   the same on Qwen3-30B-A3B's configuration, LoRA, 8 of its 48 layers (every strategy holds
 #               a model: four of the whole model do not fit an H200)
+#   train-mlp-chunks
+#               LoRA on the three public 1B configurations at seq 2048, batch 4: none, mlx-lm, nuvec and
+#               nuvec with each block's MLP in chunks of 512 tokens (nuvec-mlp-chunks), 3 repeats, no length
+#               sweep or search: whether the chunks lower the LoRA peak on a GPU, and what their stages cost
 #   train       the four (longer than one device call: run the parts where calls are limited)
 #               TRAIN_ARGS adds arguments to the train parts' command (later ones win), for example
 #               TRAIN_ARGS="--modes full --strategies none,mlx-lm,nuvec" bash scripts/run_cuda.sh OUT train-qwen
@@ -61,7 +65,7 @@
 # A part that fails says so at the end of its log and on the console; the others still run, and
 # the script's exit status is 1 if any part failed.
 set -uo pipefail
-usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|probe-head|probe-steps|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|plan|plan-transformer|plan-llama|tests|all"
+usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|probe-head|probe-steps|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|train-mlp-chunks|plan|plan-transformer|plan-llama|tests|all"
 out=${1:?$usage}
 part=${2:?$usage}
 # The machine's paths, each overridable from the environment.
@@ -166,6 +170,10 @@ part_train_llama() { train --configs llama-3.2-1b --out "$out/train-llama"; }
 part_train_qwen() { train --configs qwen3-0.6b --out "$out/train-qwen"; }
 part_train_gemma() { train --configs gemma-3-1b --out "$out/train-gemma"; }
 part_train_moe() { train --configs qwen3-30b-a3b --layers 8 --modes lora --out "$out/train-moe"; }
+part_train_mlp_chunks() {
+  train --configs llama-3.2-1b,qwen3-0.6b,gemma-3-1b --modes lora --strategies none,mlx-lm,nuvec,nuvec-mlp-chunks \
+    --memory 0 --seqs '' --out "$out/train-mlp-chunks"
+}
 part_train() {
   local status=0 p
   for p in llama qwen gemma moe; do "part_train_$p" || status=1; done
@@ -189,7 +197,7 @@ run_part() {  # run_part NAME: the part's output into its log; a failure is said
 }
 
 case $part in
-  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|probe-head|probe-steps|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|plan|plan-transformer|plan-llama|tests)
+  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|probe-head|probe-steps|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|train-mlp-chunks|plan|plan-transformer|plan-llama|tests)
     run_part "$part" ;;
   all)
     for p in suite mlx-graphs budgets budget0 plan plan-llama; do run_part "$p"; done

@@ -1029,7 +1029,7 @@ def test_the_strategy_probe_says_whether_each_length_ran_or_what_it_raised(monke
 
 @pytest.mark.slow
 def test_the_train_timeline_probe_runs_at_this_commit(capsys):
-    load_probe("train_timeline").main("llama", "lora", "float32")
+    load_probe("train_timeline").main(["llama", "lora", "float32"])
     assert "backward pass of block" in capsys.readouterr().out
 
 

@@ -548,6 +548,30 @@ CATALOGUE = [
         r"^attention_chunk must be 'auto', None or an int chunk size, got 'on'$",
     ),
     (
+        "checkpoint_module: chunk with a policy",
+        lambda: nv.checkpoint_module(LINEAR, policy=nv.policies.save_matmuls, chunk=8),
+        ValueError,
+        r"^chunk must be None with a policy: a policy keeps values of a whole module's forward pass$",
+    ),
+    (
+        "checkpoint_module: chunk of 0",
+        lambda: nv.checkpoint_module(LINEAR, chunk=0),
+        ValueError,
+        r"^chunk must be >= 1, got 0$",
+    ),
+    (
+        "a module in chunks called on a vector",
+        lambda: nv.checkpoint_module(nn.Linear(2, 2), chunk=8)(a),
+        ValueError,
+        r"^a module checkpointed in chunks \(Linear.__call__\) splits its first positional argument along axis 1",
+    ),
+    (
+        "checkpoint_chunks: lazy_in_recompute not a bool",
+        lambda: nv.checkpoint_chunks(total, size=2, lazy_in_recompute=1),
+        TypeError,
+        r"^lazy_in_recompute must be a bool, got int$",
+    ),
+    (
         "checkpoint: captured misspelt",
         lambda: nv.checkpoint(total, captured="zero"),
         ValueError,

@@ -22,10 +22,11 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import pytest
 import yaml
+from mlx.utils import tree_flatten
 from mlx_lm import lora
 from mlx_lm.tuner.callbacks import TrainingCallback
 from mlx_lm.tuner.datasets import CacheDataset, load_dataset
-from mlx_lm.tuner.trainer import TrainingArgs
+from mlx_lm.tuner.trainer import TrainingArgs, default_loss
 from mlx_lm.tuner.utils import linear_to_lora_layers
 from mlx_lm.utils import load
 
@@ -33,7 +34,7 @@ import nuvec_mlx as nv
 from nuvec_mlx import evaluate, testing
 from nuvec_mlx import mlx_lm as nvlm
 from nuvec_mlx.mlx_lm import _report as _train_report
-from tests.helpers import rise
+from tests.helpers import assert_close, rise
 from tests.mlx_lm_folders import data_folder, model_folder
 
 #: Architecture -> what its tiny model needs: MLX's CPU GatherMM (the experts of an
@@ -191,7 +192,26 @@ def test_with_mlp_chunks_each_block_s_mlp_is_computed_in_chunk_stages_and_trains
         assert kinds == (mlp + ["forward"]) * blocks + ["chunk", "chunk"] + (mlp + ["backward", "update"]) * blocks + [
             "outputs"
         ], s
-    assert not any(nv.is_checkpointed(b.mlp) for b in load(str(model))[0].layers)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "qwen3_moe", "olmo_hybrid"])
+def test_checkpointed_blocks_chunk_each_feed_forward_module_inside_with_the_same_gradients(arch):
+    """An MLP, Gemma 3's (whose output a norm reads again), a mixture of experts, a hybrid's; undone after."""
+    model, _ = testing.mlx_lm_model(testing.mlx_lm_config(arch, hidden=64, layers=2, vocab=256), "float32")
+    batch = testing.mlx_lm_batch(256, 2, 32)
+    grad = nv.value_and_grad(model, default_loss)
+    (value, _), expected = grad(model, *batch)
+    nv.eval(value, expected)
+    with nvlm.checkpointed_blocks(model, mlp_chunk=8) as blocks:
+        mlps = [nvlm.feed_forward(b) for b in blocks]
+        assert mlps and all(m is not None and nv.is_checkpointed(m) for m in mlps)
+        (chunked, _), grads = grad(model, *batch)
+        nv.eval(chunked, grads)
+    assert not any(nv.is_checkpointed(m) for m in mlps + blocks)
+    assert_close(chunked, value, 1e-6)
+    assert_close([g for _, g in tree_flatten(grads)], [g for _, g in tree_flatten(expected)], 1e-5)
+    with pytest.raises(ValueError, match="mlp_chunk must be >= 1, got 0"), nvlm.checkpointed_blocks(model, mlp_chunk=0):
+        pass
 
 
 def test_gradient_accumulation_equals_mlx_lm_lora(folders, data, tmp_path, eager, monkeypatch, capsys):

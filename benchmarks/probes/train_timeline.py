@@ -1,37 +1,61 @@
 """Probe: where in a fine-tuning step does nuvec's staged evaluation peak?
 
 Prints the memory timeline (``nv.memory.timeline``) of one warm step of a strategy of the
-fine-tuning benchmark (``nuvec_mlx_bench.train.cases``), at the ``cpu`` suite's sizes (an
-architecture at hidden 64, 4 layers, vocabulary 256, batch 2 x 128 tokens): active memory after
-each stage and the peak during it, in MiB above the memory active before the step::
+fine-tuning benchmark (``nuvec_mlx_bench.train.cases``): active memory after each stage and the
+peak during it, in MiB above the memory active before the step (the cache cleared first). By
+default an architecture at the ``cpu`` suite's sizes (hidden 64, 4 layers, vocabulary 256, batch
+2 x 128 tokens); or a public configuration, as deep as ``--layers`` says::
 
-    python benchmarks/probes/train_timeline.py qwen3_moe full float32 [nuvec]
+    python benchmarks/probes/train_timeline.py qwen3_moe full float32 --strategy nuvec
+    python benchmarks/probes/train_timeline.py llama-3.2-1b lora bfloat16 --layers 2 --batch 1 --seq 256 \\
+        --strategy nuvec-mlp-chunks
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import mlx.core as mx
 
 import nuvec_mlx as nv
-from nuvec_mlx_bench.train.cases import Case, TrainWorkload
+from nuvec_mlx import testing
+from nuvec_mlx_bench.core import environment
+from nuvec_mlx_bench.train.cases import MODES, STRATEGIES, Case, TrainWorkload
 
 
-def main(arch: str, mode: str, dtype: str, strategy: str = "nuvec") -> None:
-    case = Case(TrainWorkload(arch, batch=2, seq=128, hidden=64, layers=4, vocab=256, dtype=dtype, mode=mode), strategy)
-    batch = case.batch(128)
+def main(argv: list[str] | None = None) -> nv.memory.Timeline:
+    """Run the probe on ``argv``; print the step's timeline and return it."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model", help="an architecture (llama, qwen3_moe, ...) or a public configuration (qwen3-0.6b)")
+    p.add_argument("mode", choices=MODES)
+    p.add_argument("dtype", help="the weights' dtype (float32, bfloat16)")
+    p.add_argument("--strategy", choices=STRATEGIES, default="nuvec")
+    p.add_argument("--hidden", type=int, help="an architecture's width (default 64)")
+    p.add_argument("--vocab", type=int, help="an architecture's vocabulary (default 256)")
+    p.add_argument("--layers", type=int, help="an architecture's depth (default 4), or fewer of a configuration's")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--seq", type=int, default=128)
+    args = p.parse_args(argv)
+    print(environment.environment(environment.command_line("train_timeline.py", argv)))
+    if args.model in testing.PUBLIC_CONFIGS:
+        sizes = {"layers": args.layers}
+    else:
+        sizes = {"hidden": args.hidden or 64, "layers": args.layers or 4, "vocab": args.vocab or 256}
+    w = TrainWorkload(args.model, args.batch, args.seq, mode=args.mode, dtype=args.dtype, **sizes)
+    case = Case(w, args.strategy)
+    batch = case.batch(args.seq)
     case.evaluate(case.step(batch))  # compiles
     mx.synchronize()
     mx.clear_cache()
     start = mx.get_active_memory()
     with nv.memory.timeline() as t:
         case.evaluate(case.step(batch))
-    print(f"{arch} {mode} {dtype} {strategy}: held {case.resident() / 2**20:.2f} MiB, MLX {mx.__version__}")
+    print(f"{w.label()} {args.strategy}: held {case.resident() / 2**20:.2f} MiB, MLX {mx.__version__}")
     for r in t.readings:
-        print(f"  {r.name():36s} active {(r.active - start) / 2**20:6.2f}  peak {(r.peak - start) / 2**20:6.2f}")
+        print(f"  {r.name():36s} active {(r.active - start) / 2**20:8.2f}  peak {(r.peak - start) / 2**20:8.2f}")
     print(t.describe())
+    return t
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    main()
