@@ -92,13 +92,16 @@ def restoring(modules: Sequence[nn.Module]) -> Iterator[None]:
 
 
 def _in_chunks(call: Callable[..., Any], chunk: int, args: tuple, kwargs: dict) -> Any:
-    """``call(*args, **kwargs)`` checkpointed in chunks of ``chunk`` along axis 1 of its first argument."""
+    """``call(*args, **kwargs)`` checkpointed in chunks of ``chunk`` along axis 1 of its first argument;
+    as it is where that is one chunk (a lone chunk held more than the plain call: MLX 0.32, CPU)."""
     if not args or not isinstance(args[0], mx.array) or args[0].ndim < 2:
         raise ValueError(
             f"a module checkpointed in chunks ({_validate.name_of(call)}) splits its first positional "
             "argument along axis 1 (tokens of batch x tokens x features): it must be an array of 2 or more "
             f"dimensions, got {_describe(args[0]) if args else 'no positional argument'}"
         )
+    if args[0].shape[1] <= chunk:
+        return call(*args, **kwargs)
     axes = [1, *[None] * (len(args) - 1)]
     return checkpoint_chunks(call, size=chunk, in_axes=axes, lazy_in_recompute=True)(*args, **kwargs)
 
@@ -162,7 +165,9 @@ def checkpoint_module(
     longer needs the module's forward pass, which the chunks' recomputation
     replaces. There it bounds what the block's backward pass holds, which is
     the peak of LoRA fine-tuning on long sequences, where mlx-lm's float32
-    adapters keep float32 copies of the MLP's activations.
+    adapters keep float32 copies of the MLP's activations. An input of no
+    more than ``chunk`` tokens runs the module as it is (one chunk, checkpointed,
+    held more than the plain call: MLX 0.32, CPU).
 
     Args:
         module: an ``mlx.nn.Module`` instance.

@@ -4,6 +4,7 @@ Sections: ``nuvec_mlx.testing``'s mlx-lm models (architectures at a size, public
 then ``benchmarks/train/`` (installed as nuvec_mlx_bench.train): its lengths, cases, report and command.
 """
 
+import dataclasses
 import json
 
 import mlx.core as mx
@@ -15,7 +16,7 @@ from mlx_lm.tuner.trainer import default_loss
 import nuvec_mlx as nv
 from nuvec_mlx import mlx_lm as nv_mlx_lm
 from nuvec_mlx import testing
-from nuvec_mlx_bench.train import command, lengths, report
+from nuvec_mlx_bench.train import cases, command, lengths, report
 from nuvec_mlx_bench.train.cases import NUVEC_STEPS, STRATEGIES, Case, TrainWorkload
 
 TINY = TrainWorkload("llama", batch=2, seq=32, hidden=32, layers=2, vocab=64)
@@ -271,12 +272,14 @@ def test_mlx_lm_strategy_checkpoints_its_class_only_while_its_step_runs():
 
 @pytest.mark.parametrize(
     "strategy, head, mlp",
-    [("nuvec", ["chunk"] * 2, []), ("nuvec-unchunked", [], []), ("nuvec-mlp-chunks", ["chunk"] * 2, ["chunk"])],
+    [("nuvec", ["chunk"] * 2, []), ("nuvec-unchunked", [], []), ("nuvec-mlp-chunks", ["chunk"] * 2, ["chunk"] * 2)],
 )
-def test_nuvecs_steps_stage_every_block_its_update_and_the_chunked_head(strategy, head, mlp):
+def test_nuvecs_steps_stage_every_block_its_update_and_the_chunked_head(strategy, head, mlp, monkeypatch):
     """The head here is one chunk (64 tokens of vocabulary over a width of 32): its value, then its
-    gradient, taken in the forward pass; so is each MLP of nuvec-mlp-chunks (32 tokens), in the forward
-    pass and in the backward pass."""
+    gradient, taken in the forward pass; each MLP of nuvec-mlp-chunks is two chunks of 16 tokens here, each
+    a stage in the forward pass and in the backward pass."""
+    how = cases.NUVEC_STEPS["nuvec-mlp-chunks"]
+    monkeypatch.setitem(cases.NUVEC_STEPS, "nuvec-mlp-chunks", dataclasses.replace(how, mlp_chunk=16))
     case = Case(TINY, strategy)
     with nv.memory.timeline() as t:
         case.evaluate(case.step(case.batch(32)))

@@ -14,6 +14,7 @@ from nuvec_mlx import mlx_lm as nvlm
 a = mx.ones((2,))
 i = mx.array([1], dtype=mx.int32)
 LINEAR = nn.Linear(2, 2)  # made once: building a module draws from the random key the catalogue checks
+IN_CHUNKS = nv.checkpoint_module(nn.Linear(2, 2), chunk=8)
 
 
 def total(xs):
@@ -437,6 +438,18 @@ CATALOGUE = [
         r"^grad_accumulation_steps must be >= 1, got 0$",
     ),
     (
+        "mlx_lm.feed_forward: block not a module",
+        lambda: nvlm.feed_forward([LINEAR]),
+        TypeError,
+        r"^block must be an mlx.nn.Module, got list$",
+    ),
+    (
+        "mlx_lm.checkpointed_blocks: mlp_chunk zero",
+        lambda: enter(nvlm.checkpointed_blocks(LINEAR, mlp_chunk=0)),
+        ValueError,
+        r"^mlp_chunk must be >= 1, got 0$",
+    ),
+    (
         "mlx_lm.checkpointed_blocks: no model.layers",
         lambda: enter(nvlm.checkpointed_blocks(LINEAR)),
         ValueError,
@@ -561,7 +574,7 @@ CATALOGUE = [
     ),
     (
         "a module in chunks called on a vector",
-        lambda: nv.checkpoint_module(nn.Linear(2, 2), chunk=8)(a),
+        lambda: IN_CHUNKS(a),
         ValueError,
         r"^a module checkpointed in chunks \(Linear.__call__\) splits its first positional argument along axis 1",
     ),

@@ -159,6 +159,20 @@ def test_mlps_checkpointed_in_chunks_give_the_same_values_and_gradients(blocks):
     assert_close(grads(c, x), g0, 1e-5)
 
 
+@pytest.mark.parametrize("chunk, stages", [(32, 0), (16, 8)], ids=["one chunk: as it is", "two chunks"])
+def test_a_module_in_chunks_runs_as_it_is_on_no_more_tokens_than_one_chunk(chunk, stages):
+    """On 32 tokens, chunks of 32 are the MLP as it is (a lone chunk held more); chunks of 16 are two stages
+    in each block's forward and backward pass."""
+    m = make("llama")
+    nv.checkpoint_layers(m)
+    chunk_mlps(m, chunk)
+    step = nv.TrainingStep(m, lambda m, x, y: nn.losses.cross_entropy(m(x), y, reduction="mean"), optim.SGD(0.1))
+    x = mx.random.randint(0, 128, (2, 33))
+    with nv.memory.timeline() as t:
+        step(x[:, :-1], x[:, 1:])
+    assert [r.kind for r in t.readings].count("chunk") == stages
+
+
 def lora_step_rise(mlp_chunk, tokens: int = 1024) -> float:
     """The median rise of three steps of a bfloat16 Llama (hidden 64) with mlx-lm's LoRA adapters on every
     linear layer, its blocks checkpointed, its MLPs in chunks of ``mlp_chunk`` tokens (``None``: whole)."""

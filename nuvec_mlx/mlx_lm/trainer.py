@@ -83,6 +83,7 @@ FEED_FORWARD = ("mlp", "feed_forward", "block_sparse_moe")
 
 def feed_forward(block: nn.Module) -> nn.Module | None:
     """``block``'s feed-forward module (its child named as in :data:`FEED_FORWARD`), or ``None``."""
+    _validate.check_module(block, "block")
     return next((c for name in FEED_FORWARD if isinstance(c := block.get(name), nn.Module)), None)
 
 
@@ -111,11 +112,11 @@ def checkpointed_blocks(
         ...     loss, grads = nv.value_and_grad(model, default_loss)(model, batch, lengths)
     """
     _validate.check_module(model, "model")
+    if mlp_chunk is not None:
+        _validate.check_int(mlp_chunk, "mlp_chunk", minimum=1)
     layers = getattr(model, "layers", None)
     if not isinstance(layers, (list, tuple)) or not layers:
         raise ValueError("model must have its blocks in model.layers (a list, as mlx-lm's models have)")
-    if mlp_chunk is not None:
-        _validate.check_int(mlp_chunk, "mlp_chunk", minimum=1)
     blocks = [b for i, b in enumerate(layers) if not is_checkpointed(_validate.check_module(b, f"model.layers[{i}]"))]
     mlps = [m for b in blocks if mlp_chunk is not None and (m := feed_forward(b)) is not None]
     with restoring(blocks + mlps):
