@@ -32,7 +32,7 @@ from unittest import mock
 
 from nuvec_mlx import _gradient, _marks
 from nuvec_mlx_bench.core import environment, mlx_measure
-from nuvec_mlx_bench.train.cases import MODES, Case, TrainWorkload
+from nuvec_mlx_bench.train.cases import MODES, Case, TrainWorkload, add_size_arguments
 
 
 def head_recomputed() -> contextlib.AbstractContextManager[Any]:
@@ -60,12 +60,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """Run the probe on ``argv``; print each variant's peak and time against mlx-lm's and return them."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="qwen3-0.6b", help="a public configuration, or an architecture (with --hidden)")
-    p.add_argument("--hidden", type=int, help="an architecture's width (not for a public configuration)")
-    p.add_argument("--vocab", type=int, help="an architecture's vocabulary (the benchmark's by default)")
     p.add_argument("--mode", choices=MODES, default="full")
-    p.add_argument("--layers", type=int, help="fewer layers than the configuration's")
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--seq", type=int, default=2048)
+    add_size_arguments(p, batch=4, seq=2048)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from the list above")
     args = p.parse_args(argv)

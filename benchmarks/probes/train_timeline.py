@@ -20,7 +20,7 @@ import mlx.core as mx
 import nuvec_mlx as nv
 from nuvec_mlx import testing
 from nuvec_mlx_bench.core import environment
-from nuvec_mlx_bench.train.cases import MODES, STRATEGIES, Case, TrainWorkload
+from nuvec_mlx_bench.train.cases import MODES, STRATEGIES, Case, TrainWorkload, add_size_arguments
 
 
 def main(argv: list[str] | None = None) -> nv.memory.Timeline:
@@ -30,11 +30,7 @@ def main(argv: list[str] | None = None) -> nv.memory.Timeline:
     p.add_argument("mode", choices=MODES)
     p.add_argument("dtype", help="the weights' dtype (float32, bfloat16)")
     p.add_argument("--strategy", choices=STRATEGIES, default="nuvec")
-    p.add_argument("--hidden", type=int, help="an architecture's width (default 64)")
-    p.add_argument("--vocab", type=int, help="an architecture's vocabulary (default 256)")
-    p.add_argument("--layers", type=int, help="an architecture's depth (default 4), or fewer of a configuration's")
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--seq", type=int, default=128)
+    add_size_arguments(p, batch=2, seq=128)  # an architecture's hidden, layers, vocab: 64, 4, 256 unless given
     args = p.parse_args(argv)
     print(environment.environment(environment.command_line("train_timeline.py", argv)))
     if args.model in testing.PUBLIC_CONFIGS:

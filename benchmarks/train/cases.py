@@ -43,6 +43,7 @@ its call and its ``mx.eval``.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import warnings
@@ -182,6 +183,16 @@ class TrainWorkload:
         size = "" if self.public else f" H={c['hidden_size']} V={c['vocab_size']}"
         shape = f"L={c['num_hidden_layers']} B={self.batch} T={self.seq}"
         return f"{self.model} {self.mode}{dropout}{size} {shape} {self.dtype}"
+
+
+def add_size_arguments(p: argparse.ArgumentParser, batch: int, seq: int) -> None:
+    """A :class:`TrainWorkload`'s sizes as a probe's flags: ``--hidden``, ``--vocab``, ``--layers`` (``None``
+    unless given), ``--batch`` and ``--seq`` (``batch`` and ``seq`` unless given)."""
+    p.add_argument("--hidden", type=int, help="an architecture's width (not for a public configuration)")
+    p.add_argument("--vocab", type=int, help="an architecture's vocabulary (not for a public configuration)")
+    p.add_argument("--layers", type=int, help="an architecture's depth, or fewer layers than a configuration's")
+    p.add_argument("--batch", type=int, default=batch)
+    p.add_argument("--seq", type=int, default=seq)
 
 
 def _nbytes(tree: Any) -> int:
