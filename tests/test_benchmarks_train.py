@@ -373,7 +373,7 @@ def test_smallest_run_writes_table_json_markdown_and_the_plot(tmp_path, capsys, 
 
 
 @pytest.mark.slow
-def test_a_public_configuration_runs_shallow_end_to_end(tmp_path, compiled):
+def test_a_public_configuration_runs_shallow_end_to_end(tmp_path, compiled, capsys):
     argv = [
         "--configs",
         "qwen3-0.6b",
@@ -398,6 +398,7 @@ def test_a_public_configuration_runs_shallow_end_to_end(tmp_path, compiled):
     ]
     got = command.run(argv)
     assert [r["label"] for r in got] == ["qwen3-0.6b lora L=1 B=1 T=32 bfloat16"] * 2
+    assert f"wrote results.json, results.md into {tmp_path}" in capsys.readouterr().out  # no lengths: no plot
     assert got[1]["peak_vs_none"] > 0 and "largest_seq" not in got[1]
 
 

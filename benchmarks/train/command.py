@@ -276,6 +276,7 @@ def run(argv: list[str] | None = None) -> list[dict]:
         "nv.eval throttle": throttle.throttle_text(args.throttle),
     }
     rows: list[dict] = []
+    written: list[Path] = []
     for done, w in enumerate(args.workloads, 1):
         if args.throttle is None:
             rows += measure_workload(w, args)
@@ -283,8 +284,8 @@ def run(argv: list[str] | None = None) -> list[dict]:
             with nv.memory.throttle(args.throttle):
                 rows += measure_workload(w, args)
         partial = done < len(args.workloads)
-        report.write(args.out, env, rows, args, partial)
+        written = report.write(args.out, env, rows, args, partial)
     print("\n".join(report.table(rows, args.memory)))
     print("\n".join(report.notes(rows, args)))
-    print(f"wrote results.json, results.md and peak_vs_seq.png into {args.out}")
+    print(f"wrote {', '.join(p.name for p in written)} into {args.out}")
     return rows
