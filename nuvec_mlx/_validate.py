@@ -102,9 +102,9 @@ def check_gradients(gradients: object, model: nn.Module) -> None:
         if name not in params:
             raise ValueError(f"gradients has {name!r}, which is not a trainable parameter of model")
         if not isinstance(g, mx.array) or g.shape != params[name].shape:
-            got = f"shape {tuple(g.shape)}" if isinstance(g, mx.array) else type(g).__name__
             raise ValueError(
-                f"gradients[{name!r}] must be an array of shape {tuple(params[name].shape)} as the parameter, got {got}"
+                f"gradients[{name!r}] must be an array of shape {tuple(params[name].shape)} as the parameter, "
+                f"got {describe(g)}"
             )
 
 

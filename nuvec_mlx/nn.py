@@ -98,16 +98,12 @@ def _in_chunks(call: Callable[..., Any], chunk: int, args: tuple, kwargs: dict) 
         raise ValueError(
             f"a module checkpointed in chunks ({_validate.name_of(call)}) splits its first positional "
             "argument along axis 1 (tokens of batch x tokens x features): it must be an array of 2 or more "
-            f"dimensions, got {_describe(args[0]) if args else 'no positional argument'}"
+            f"dimensions, got {_validate.describe(args[0]) if args else 'no positional argument'}"
         )
     if args[0].shape[1] <= chunk:
         return call(*args, **kwargs)
     axes = [1, *[None] * (len(args) - 1)]
     return checkpoint_chunks(call, size=chunk, in_axes=axes, lazy_in_recompute=True)(*args, **kwargs)
-
-
-def _describe(value: object) -> str:
-    return f"an array of shape {tuple(value.shape)}" if isinstance(value, mx.array) else type(value).__name__
 
 
 def _new_checkpointed(

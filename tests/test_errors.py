@@ -576,7 +576,8 @@ CATALOGUE = [
         "a module in chunks called on a vector",
         lambda: IN_CHUNKS(a),
         ValueError,
-        r"^a module checkpointed in chunks \(Linear.__call__\) splits its first positional argument along axis 1",
+        r"^a module checkpointed in chunks \(Linear.__call__\) splits its first positional argument along axis 1 "
+        r"\(tokens of batch x tokens x features\): it must be an array of 2 or more dimensions, got shape \(2,\)$",
     ),
     (
         "checkpoint_chunks: lazy_in_recompute not a bool",
