@@ -156,12 +156,12 @@ class _Call:
             # first is dropped unevaluated: chunk 0 runs again with its gradient
             return self._forward_with_gradients(stopped, first[0].dtype)
         # In a checkpoint's recomputation a lazy call's chunks are no stages: MLX computes them only if read.
-        staged = not (self.lazy_in_recompute and _marks.in_recomputation())
-        outs = [_marks.mark(first, _marks.CHUNK) if staged else first]
+        lazy = self.lazy_in_recompute and _marks.in_recomputation()
+        stage = list if lazy else functools.partial(_marks.mark, stage_kind=_marks.CHUNK)
+        outs = [stage(first)]
         for c in range(1, len(self.chunks)):
             self.keys.append(_random.key())
-            out = self.run(stopped, c)
-            outs.append(_marks.mark(out, _marks.CHUNK) if staged else out)
+            outs.append(stage(self.run(stopped, c)))
         ends = [0] * len(self.out_axes)
         for out in outs:
             self.starts.append(list(ends))

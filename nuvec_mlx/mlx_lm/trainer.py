@@ -310,15 +310,16 @@ def _save_adapters(model: nn.Module, adapter_file: str | Path, it: int | None = 
     return numbered
 
 
+def _off(setting: object) -> bool:
+    """Whether a chunk setting turns chunks off: ``None``, or 0 (as on the command line)."""
+    return setting is None or (setting == 0 and not isinstance(setting, bool))
+
+
 def _size(setting: object, name: str) -> int | None:
-    """A chunk size with no ``"auto"``: ``None`` (0 too: off, as on the command line) or an int >= 1."""
-    if setting is None or (setting == 0 and not isinstance(setting, bool)):
-        return None
-    return _validate.check_int(setting, name, minimum=1)
+    """A chunk size with no ``"auto"``: ``None`` (0 too: off) or an int >= 1."""
+    return None if _off(setting) else _validate.check_int(setting, name, minimum=1)
 
 
 def _chunk(setting: object, name: str) -> int | str | None:
-    """A chunk setting: ``"auto"``, ``None`` (0 too: off, as on the command line) or a size."""
-    if setting == 0 and not isinstance(setting, bool):
-        return None
-    return _attention.check(setting, name)
+    """A chunk setting: ``"auto"``, ``None`` (0 too: off) or a size."""
+    return None if _off(setting) else _attention.check(setting, name)
