@@ -19,12 +19,11 @@ from typing import Any
 import mlx.nn as nn
 
 from .. import _policies, _validate
-from .. import nn as nv_nn
 from ..policies import Policy, save_everything, save_matmuls, save_nothing
+from . import _trial
+from ._trial import PLAIN
 
 MiB = 1 << 20
-#: A block that is not wrapped at all (every other mode is a checkpoint policy).
-PLAIN = "plain"
 #: The policies a plan saved to JSON names, by the names it prints.
 KNOWN = {p.__name__: p for p in (save_everything, save_matmuls, save_nothing)}
 
@@ -110,10 +109,7 @@ class Plan:
         Example:
             >>> nv.plan(step, batch, budget=12 << 30).apply()
         """
-        blocks = self._blocks(model)
-        for block, mode in zip(blocks, self.modes, strict=True):
-            plain = mode == PLAIN
-            nv_nn.checkpoint_module(block, enable=not plain, policy=None if plain else self.policies[mode])
+        _trial.set_modes(self._blocks(model), [self.policies.get(m, m) for m in self.modes])
         return self
 
     def _blocks(self, model: nn.Module | None) -> list[nn.Module]:

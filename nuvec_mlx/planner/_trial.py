@@ -33,6 +33,13 @@ from ..step import TrainingStep
 PLAIN = "plain"
 
 
+def set_modes(blocks: Sequence[nn.Module], modes: Sequence[Any]) -> None:
+    """Wrap each block as its mode says: :data:`PLAIN` (not wrapped), or checkpointed with that policy."""
+    for block, mode in zip(blocks, modes, strict=True):
+        plain = isinstance(mode, str) and mode == PLAIN
+        nv_nn.checkpoint_module(block, enable=not plain, policy=None if plain else mode)
+
+
 @dataclasses.dataclass(frozen=True)
 class StepReading:
     """One measured step: the memory after each stage, and its time."""
@@ -122,9 +129,7 @@ class Trial:
 
     def set_modes(self, modes: Sequence[Any]) -> None:
         """Wrap each block as its mode says: :data:`PLAIN`, or checkpointed with that policy."""
-        for block, mode in zip(self.blocks, modes, strict=True):
-            plain = isinstance(mode, str) and mode == PLAIN
-            nv_nn.checkpoint_module(block, enable=not plain, policy=None if plain else mode)
+        set_modes(self.blocks, modes)
 
     def measure(self, batch: Any, steps: int = 2, as_run: bool = False) -> list[StepReading]:
         """Run ``steps`` steps on ``batch`` (a fresh trace: the modes may have changed); their readings.

@@ -41,7 +41,8 @@ from ..policies import Policy, save_everything, save_matmuls, save_nothing
 from ..step import TrainingStep
 from . import _choose, _profile, _trial
 from ._profile import Profile, highest, spread
-from ._record import PLAIN, Block, Plan, mode_names
+from ._record import Block, Plan, mode_names
+from ._trial import PLAIN
 
 #: The fixed rule that checkpoints every 2nd block and leaves the others plain.
 EVERY_2ND = "every 2nd block"
