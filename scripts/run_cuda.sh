@@ -43,7 +43,7 @@
 #               a model: four of the whole model do not fit an H200)
 #   train-mlp-chunks
 #               LoRA on the three public 1B configurations at seq 2048, batch 4: none, mlx-lm, nuvec and
-#               nuvec with each block's MLP in chunks of 512 tokens (nuvec-mlp-chunks), 3 repeats, no length
+#               nuvec with each block's MLP in chunks of 512 tokens (nuvec-mlp-chunks), 5 repeats, no length
 #               sweep or search: whether the chunks lower the LoRA peak on a GPU, and what their stages cost
 #   train       the four (longer than one device call: run the parts where calls are limited)
 #               TRAIN_ARGS adds arguments to the train parts' command (later ones win), for example

@@ -187,7 +187,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_nonnegative_int,
         default=None,
         help="nuvec, with --grad-checkpoint: checkpointed stages queued ahead of the one waited for; 0 gives "
-        "the lowest peak (default: 1 on a GPU, 0 on the CPU)",
+        "the lowest peak, more a faster step on a GPU at a higher peak (default: 1 on a GPU, 0 on the CPU)",
     )
     parser.add_argument(
         "--attention-chunk",
