@@ -20,9 +20,11 @@
 #               and Llama-3.2-1B (2048, 128,256) at batch 4 x 2048 tokens, frozen (LoRA) and trained (full):
 #               whole, in chunks of head_chunk's length and of 256, 512 and 1024 tokens, each recomputed or
 #               (nuvec's) its gradient taken in the forward pass, and by hand unstaged
-#   probe-steps benchmarks/probes/step_variants.py (needs mlx-lm) on Llama-3.2-1B LoRA, Qwen3-0.6B full and
+#   probe-steps benchmarks/probes/step_variants.py (needs mlx-lm) on Llama-3.2-1B LoRA, Qwen3-0.6B LoRA and full,
 #               Gemma-3-1B LoRA and full at batch 4 x 2048: mlx-lm's step against nuvec's, nuvec's with the
-#               head's chunks recomputed, with every update folded into the next stage, two stages ahead
+#               head's chunks recomputed, with every update folded into the next stage, two stages ahead, the
+#               head recomputed and two ahead, the MLP in chunks (PROBE_ARGS="--mlp-chunk 1024" to size
+#               them) at one and two ahead
 #   seed-mlp    the seed MLP alone at nuvec_mlx's defaults against the plain step (none, nuvec; 9 repeats, no
 #               peers, no depth sweep): issue #27's seed target in a minute
 #   gemma-mlx-lm
@@ -134,6 +136,7 @@ part_probe_steps() {
     $PY benchmarks/probes/step_variants.py --config "$config" --mode "$mode" ${PROBE_ARGS:-} || return 1
   done <<'RUNS'
 llama-3.2-1b lora
+qwen3-0.6b lora
 qwen3-0.6b full
 gemma-3-1b lora
 gemma-3-1b full

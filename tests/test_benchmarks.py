@@ -984,9 +984,30 @@ def test_the_step_variants_probe_measures_each_variant_against_mlx_lm_s_step(cap
         "nuvec-head-recomputed",
         "nuvec-updates-folded",
         "nuvec-ahead2",
+        "nuvec-recomputed-ahead2",
+        "nuvec-mlp-chunks",
+        "nuvec-mlp-chunks-ahead2",
     }
     assert all(r["time"]["median"] > 0 and r["peak"]["median"] > 0 for r in got.values())
     assert "| nuvec-updates-folded |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_step_variants_probe_s_mlp_variants_chunk_each_mlp_as_mlp_chunk_says(monkeypatch):
+    import nuvec_mlx.nn as nv_nn
+
+    probe, sizes = load_probe("step_variants"), []
+    in_chunks = nv_nn._in_chunks
+
+    def spy(call, chunk, args, kwargs):
+        sizes.append(chunk)
+        return in_chunks(call, chunk, args, kwargs)
+
+    monkeypatch.setattr(nv_nn, "_in_chunks", spy)
+    argv = ["--config", "llama", "--hidden", "32", "--layers", "1", "--vocab", "256", "--seq", "16", "--repeats", "1"]
+    probe.main([*argv, "--variants", "nuvec-mlp-chunks", "--mlp-chunk", "8"])
+    assert sizes and set(sizes) == {8}
+    assert probe.VARIANTS["nuvec-mlp-chunks"][0] == "nuvec-mlp-chunks"  # the benchmark's strategy, resized
 
 
 def test_the_step_variants_probe_s_head_recomputed_variant_recomputes_each_chunk():

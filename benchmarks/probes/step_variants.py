@@ -12,7 +12,10 @@ peaks, then times), at nuvec's defaults unless said:
 - ``nuvec-updates-folded``: ``nuvec`` with every block's update computed in the stage after its backward
   stage, none a stage of its own (``nuvec_mlx._marks.FOLD`` = 0 while the step is traced): what the update
   stages of full fine-tuning cost;
-- ``nuvec-ahead2``: two stages queued ahead instead of one.
+- ``nuvec-ahead2``: two stages queued ahead instead of one;
+- ``nuvec-recomputed-ahead2``: the head recomputed and two stages ahead, the two time levers together;
+- ``nuvec-mlp-chunks``, ``nuvec-mlp-chunks-ahead2``: each block's MLP in chunks of ``--mlp-chunk``
+  tokens (the benchmark's ``nuvec-mlp-chunks``, ``nuvec-mlx-lora --mlp-chunk``), one or two stages ahead.
 
 Private settings are patched while each step is traced (its first call), which is all that reads them.
 Peaks are above the weights and optimizer state (MiB), after ``mx.synchronize()``, the cache cleared;
@@ -26,18 +29,25 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 from unittest import mock
 
 from nuvec_mlx import _gradient, _marks
-from nuvec_mlx_bench.core import environment, mlx_measure
+from nuvec_mlx_bench.core import environment, mlx_measure, options
+from nuvec_mlx_bench.train import cases
 from nuvec_mlx_bench.train.cases import MODES, Case, TrainWorkload, add_size_arguments
 
 
 def head_recomputed() -> contextlib.AbstractContextManager[Any]:
     """Chunked losses traced inside as outside nuvec's gradients: recomputed in the backward pass."""
     return mock.patch.object(_gradient, "active", lambda: False)
+
+
+def mlp_chunks(size: int) -> cases.NuvecStep:
+    """The benchmark's ``nuvec-mlp-chunks`` with the MLP in chunks of ``size`` tokens."""
+    return dataclasses.replace(cases.NUVEC_STEPS["nuvec-mlp-chunks"], mlp_chunk=size)
 
 
 def updates_folded() -> contextlib.AbstractContextManager[Any]:
@@ -53,6 +63,9 @@ VARIANTS: dict[str, tuple[str, Callable[[], Any], int | None]] = {
     "nuvec-head-recomputed": ("nuvec", head_recomputed, None),
     "nuvec-updates-folded": ("nuvec", updates_folded, None),
     "nuvec-ahead2": ("nuvec", contextlib.nullcontext, 2),
+    "nuvec-recomputed-ahead2": ("nuvec", head_recomputed, 2),
+    "nuvec-mlp-chunks": ("nuvec-mlp-chunks", contextlib.nullcontext, None),
+    "nuvec-mlp-chunks-ahead2": ("nuvec-mlp-chunks", contextlib.nullcontext, 2),
 }
 
 
@@ -64,21 +77,25 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     add_size_arguments(p, batch=4, seq=2048)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from the list above")
+    p.add_argument(
+        "--mlp-chunk", type=options.positive, default=cases.MLP_CHUNK, help="the MLP variants' tokens per chunk"
+    )
     args = p.parse_args(argv)
     print(environment.environment(environment.command_line("step_variants.py", argv)))
     w = TrainWorkload(args.config, args.batch, args.seq, args.hidden, args.layers, args.vocab, mode=args.mode)
-    cases, parts = {}, {}
+    timed, parts = {}, {}
     for name in args.variants.split(","):
         strategy, tracing, ahead = VARIANTS[name]
-        case = Case(w, strategy)
+        with mock.patch.dict(cases.NUVEC_STEPS, {"nuvec-mlp-chunks": mlp_chunks(args.mlp_chunk)}):
+            case = Case(w, strategy)
         if ahead is not None:
             assert case.training is not None
             case.training.ahead = ahead
         batch = case.batch(args.seq)
         with tracing():
             case.evaluate(case.step(batch))  # traced (and compiled) here, with the variant's settings
-        cases[name], parts[name] = case.timed(batch), case.parts
-    measured = mlx_measure.run_cases(cases, args.repeats, desc=w.label(), parts=parts)
+        timed[name], parts[name] = case.timed(batch), case.parts
+    measured = mlx_measure.run_cases(timed, args.repeats, desc=w.label(), parts=parts)
     base = measured["mlx-lm"] if "mlx-lm" in measured else next(iter(measured.values()))
     print(f"{w.label()}; peak above weights and optimizer state (MiB), step time (s); medians (min–max)")
     print("| variant | peak | time | time / mlx-lm's | dispatch (s) | evaluation (s) |")
