@@ -20,8 +20,7 @@ import mlx.nn as nn
 
 from .. import _policies, _validate
 from ..policies import Policy, save_everything, save_matmuls, save_nothing
-from . import _trial
-from ._trial import PLAIN
+from ._trial import PLAIN, set_modes
 
 MiB = 1 << 20
 #: The policies a plan saved to JSON names, by the names it prints.
@@ -109,7 +108,7 @@ class Plan:
         Example:
             >>> nv.plan(step, batch, budget=12 << 30).apply()
         """
-        _trial.set_modes(self._blocks(model), [self.policies.get(m, m) for m in self.modes])
+        set_modes(self._blocks(model), [self.policies.get(m, m) for m in self.modes])
         return self
 
     def _blocks(self, model: nn.Module | None) -> list[nn.Module]:
