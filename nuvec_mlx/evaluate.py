@@ -145,20 +145,33 @@ def staged(
         raise
 
 
+#: Kinds of stage queued ahead without counting against ``ahead``, up to ``ahead`` of them more:
+#: stages whose memory in flight is small beside a backward stage's, so that queueing them
+#: further keeps the peak, while the device gets more work to run as the host waits.
+LIGHT: frozenset[str] = frozenset()
+
+
 def _evaluate_stages(stages: list[mx.array], arrays: tuple[Any, ...], ahead: int, synchronize: bool) -> None:
     """Evaluate ``stages`` one by one, then ``arrays``, with up to ``ahead`` of them queued past the one
-    waited for; with ``synchronize``, :func:`mlx.core.synchronize` after each stage."""
+    waited for (:data:`LIGHT` ones besides); with ``synchronize``, :func:`mlx.core.synchronize` after each stage."""
     work = [(stage,) for stage in stages] + [arrays]
+    kinds = [_marks.kind(stage) for stage in stages] + ["outputs"]
     queued = 0  # work[:queued] is on the device's queue
     _registry.starting()
     for i, item in enumerate(work):
-        while ahead and queued < min(len(work), i + 1 + ahead):
+        while ahead and queued < len(work) and _may_queue(kinds[i + 1 : queued + 1], ahead):
             mx.async_eval(*work[queued])
             queued += 1
         mx.eval(*item)
         if synchronize and i < len(stages):
             mx.synchronize()
-        _registry.evaluated(i, len(stages), _marks.kind(item[0]) if i < len(stages) else "outputs")
+        _registry.evaluated(i, len(stages), kinds[i])
+
+
+def _may_queue(beyond: list[str], ahead: int) -> bool:
+    """Whether stages of kinds ``beyond`` may be queued past the one waited for: ``ahead`` of them,
+    or up to ``2 x ahead`` where the rest are :data:`LIGHT`."""
+    return len(beyond) <= ahead or (len(beyond) <= 2 * ahead and sum(k not in LIGHT for k in beyond) <= ahead)
 
 
 @contextlib.contextmanager

@@ -24,7 +24,8 @@
 #               Gemma-3-1B LoRA and full at batch 4 x 2048: mlx-lm's step against nuvec's, nuvec's with the
 #               head's chunks recomputed, with every update folded into the next stage, two stages ahead, the
 #               head recomputed and two ahead, the MLP in chunks (PROBE_ARGS="--mlp-chunk 1024" to size
-#               them) at one and two ahead
+#               them) at one and two ahead, light stages queued further, the head in fewer chunks;
+#               PROBE_ARGS="--variants a,b" picks variants, STEP_RUNS (lines "config mode") the runs
 #   seed-mlp    the seed MLP alone at nuvec_mlx's defaults against the plain step (none, nuvec; 9 repeats, no
 #               peers, no depth sweep): issue #27's seed target in a minute
 #   gemma-mlx-lm
@@ -134,14 +135,13 @@ part_probe_steps() {
   while read -r config mode; do
     # shellcheck disable=SC2086  # PROBE_ARGS are words
     $PY benchmarks/probes/step_variants.py --config "$config" --mode "$mode" ${PROBE_ARGS:-} || return 1
-  done <<'RUNS'
-llama-3.2-1b lora
+  done <<<"${STEP_RUNS:-$step_runs}"
+}
+step_runs="llama-3.2-1b lora
 qwen3-0.6b lora
 qwen3-0.6b full
 gemma-3-1b lora
-gemma-3-1b full
-RUNS
-}
+gemma-3-1b full"
 part_seed_mlp() {
   bench --suite full --models mlp --depths "" --peers none --strategies none,nuvec --repeats 9 --out "$out/seed-mlp"
 }

@@ -987,6 +987,11 @@ def test_the_step_variants_probe_measures_each_variant_against_mlx_lm_s_step(cap
         "nuvec-recomputed-ahead2",
         "nuvec-mlp-chunks",
         "nuvec-mlp-chunks-ahead2",
+        "nuvec-light-forward",
+        "nuvec-light-forward-update",
+        "nuvec-light-forward-update-chunk",
+        "nuvec-head16",
+        "nuvec-head32",
     }
     assert all(r["time"]["median"] > 0 and r["peak"]["median"] > 0 for r in got.values())
     assert "| nuvec-updates-folded |" in capsys.readouterr().out
@@ -1007,7 +1012,7 @@ def test_the_step_variants_probe_s_mlp_variants_chunk_each_mlp_as_mlp_chunk_says
     argv = ["--config", "llama", "--hidden", "32", "--layers", "1", "--vocab", "256", "--seq", "16", "--repeats", "1"]
     probe.main([*argv, "--variants", "nuvec-mlp-chunks", "--mlp-chunk", "8"])
     assert sizes and set(sizes) == {8}
-    assert probe.VARIANTS["nuvec-mlp-chunks"][0] == "nuvec-mlp-chunks"  # the benchmark's strategy, resized
+    assert probe.VARIANTS["nuvec-mlp-chunks"].strategy == "nuvec-mlp-chunks"  # the benchmark's strategy, resized
 
 
 def test_the_step_variants_probe_s_head_recomputed_variant_recomputes_each_chunk():

@@ -15,9 +15,14 @@ peaks, then times), at nuvec's defaults unless said:
 - ``nuvec-ahead2``: two stages queued ahead instead of one;
 - ``nuvec-recomputed-ahead2``: the head recomputed and two stages ahead, the two time levers together;
 - ``nuvec-mlp-chunks``, ``nuvec-mlp-chunks-ahead2``: each block's MLP in chunks of ``--mlp-chunk``
-  tokens (the benchmark's ``nuvec-mlp-chunks``, ``nuvec-mlx-lora --mlp-chunk``), one or two stages ahead.
+  tokens (the benchmark's ``nuvec-mlp-chunks``, ``nuvec-mlx-lora --mlp-chunk``), one or two stages ahead;
+- ``nuvec-light-forward``, ``nuvec-light-forward-update``, ``nuvec-light-forward-update-chunk``: one stage
+  ahead, and one more where it is a block's forward pass (an update, a chunk: ``nuvec_mlx.evaluate.LIGHT``);
+- ``nuvec-head16``, ``nuvec-head32``: the loss head in half or a quarter as many chunks, each two or four
+  times larger (``nuvec_mlx.losses.HEAD_RATIO`` 16 or 32 instead of 8).
 
-Private settings are patched while each step is traced (its first call), which is all that reads them.
+Private settings are patched while each step is traced (its first call), which is all that reads them,
+but for ``LIGHT``, which each evaluation reads: it is patched around every step of its variant.
 Peaks are above the weights and optimizer state (MiB), after ``mx.synchronize()``, the cache cleared;
 medians (min–max) of ``--repeats``::
 
@@ -31,13 +36,15 @@ import argparse
 import contextlib
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 from unittest import mock
 
-from nuvec_mlx import _gradient, _marks
+from nuvec_mlx import _gradient, _marks, evaluate, losses
 from nuvec_mlx_bench.core import environment, mlx_measure, options
 from nuvec_mlx_bench.train import cases
 from nuvec_mlx_bench.train.cases import MODES, Case, TrainWorkload, add_size_arguments
+
+Context = Callable[[], contextlib.AbstractContextManager[Any]]
 
 
 def head_recomputed() -> contextlib.AbstractContextManager[Any]:
@@ -55,18 +62,59 @@ def updates_folded() -> contextlib.AbstractContextManager[Any]:
     return mock.patch.object(_marks, "FOLD", 0)
 
 
-VARIANTS: dict[str, tuple[str, Callable[[], Any], int | None]] = {
-    # name: (the benchmark's strategy, what the trace runs inside, stages ahead (None: the default))
-    "mlx-lm": ("mlx-lm", contextlib.nullcontext, None),
-    "nuvec": ("nuvec", contextlib.nullcontext, None),
-    "nuvec-unchunked": ("nuvec-unchunked", contextlib.nullcontext, None),
-    "nuvec-head-recomputed": ("nuvec", head_recomputed, None),
-    "nuvec-updates-folded": ("nuvec", updates_folded, None),
-    "nuvec-ahead2": ("nuvec", contextlib.nullcontext, 2),
-    "nuvec-recomputed-ahead2": ("nuvec", head_recomputed, 2),
-    "nuvec-mlp-chunks": ("nuvec-mlp-chunks", contextlib.nullcontext, None),
-    "nuvec-mlp-chunks-ahead2": ("nuvec-mlp-chunks", contextlib.nullcontext, 2),
+def light(*kinds: str) -> Context:
+    """Stages of ``kinds`` queued one further ahead than the rest (``nuvec_mlx.evaluate.LIGHT``)."""
+    return lambda: mock.patch.object(evaluate, "LIGHT", frozenset(kinds))
+
+
+def head_ratio(ratio: int) -> Context:
+    """The loss head in chunks whose logits are at most ``ratio`` times all the hidden states' bytes."""
+    return lambda: mock.patch.object(losses, "HEAD_RATIO", ratio)
+
+
+class Variant(NamedTuple):
+    """The benchmark's strategy, what its trace runs inside, what each of its steps runs inside, and
+    the stages ahead (``None``: the default)."""
+
+    strategy: str
+    tracing: Context = contextlib.nullcontext
+    running: Context = contextlib.nullcontext
+    ahead: int | None = None
+
+
+VARIANTS: dict[str, Variant] = {
+    "mlx-lm": Variant("mlx-lm"),
+    "nuvec": Variant("nuvec"),
+    "nuvec-unchunked": Variant("nuvec-unchunked"),
+    "nuvec-head-recomputed": Variant("nuvec", head_recomputed),
+    "nuvec-updates-folded": Variant("nuvec", updates_folded),
+    "nuvec-ahead2": Variant("nuvec", ahead=2),
+    "nuvec-recomputed-ahead2": Variant("nuvec", head_recomputed, ahead=2),
+    "nuvec-mlp-chunks": Variant("nuvec-mlp-chunks"),
+    "nuvec-mlp-chunks-ahead2": Variant("nuvec-mlp-chunks", ahead=2),
+    "nuvec-light-forward": Variant("nuvec", running=light(_marks.FORWARD)),
+    "nuvec-light-forward-update": Variant("nuvec", running=light(_marks.FORWARD, _marks.UPDATE)),
+    "nuvec-light-forward-update-chunk": Variant("nuvec", running=light(_marks.FORWARD, _marks.UPDATE, _marks.CHUNK)),
+    "nuvec-head16": Variant("nuvec", head_ratio(16)),
+    "nuvec-head32": Variant("nuvec", head_ratio(32)),
 }
+
+
+def running_inside(
+    timed: tuple[Callable[[], Any], Callable[[Any], None]], running: Context
+) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+    """``timed``'s step and evaluation, each call inside ``running()``."""
+    step, finish = timed
+
+    def step_inside() -> Any:
+        with running():
+            return step()
+
+    def finish_inside(outputs: Any) -> None:
+        with running():
+            finish(outputs)
+
+    return step_inside, finish_inside
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
@@ -85,16 +133,16 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     w = TrainWorkload(args.config, args.batch, args.seq, args.hidden, args.layers, args.vocab, mode=args.mode)
     timed, parts = {}, {}
     for name in args.variants.split(","):
-        strategy, tracing, ahead = VARIANTS[name]
+        variant = VARIANTS[name]
         with mock.patch.dict(cases.NUVEC_STEPS, {"nuvec-mlp-chunks": mlp_chunks(args.mlp_chunk)}):
-            case = Case(w, strategy)
-        if ahead is not None:
+            case = Case(w, variant.strategy)
+        if variant.ahead is not None:
             assert case.training is not None
-            case.training.ahead = ahead
+            case.training.ahead = variant.ahead
         batch = case.batch(args.seq)
-        with tracing():
+        with variant.tracing(), variant.running():
             case.evaluate(case.step(batch))  # traced (and compiled) here, with the variant's settings
-        timed[name], parts[name] = case.timed(batch), case.parts
+        timed[name], parts[name] = running_inside(case.timed(batch), variant.running), case.parts
     measured = mlx_measure.run_cases(timed, args.repeats, desc=w.label(), parts=parts)
     base = measured["mlx-lm"] if "mlx-lm" in measured else next(iter(measured.values()))
     print(f"{w.label()}; peak above weights and optimizer state (MiB), step time (s); medians (min–max)")
