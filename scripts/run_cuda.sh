@@ -26,6 +26,10 @@
 #               head recomputed and two ahead, the MLP in chunks (PROBE_ARGS="--mlp-chunk 1024" to size
 #               them) at one and two ahead, light stages queued further, the head in fewer chunks;
 #               PROBE_ARGS="--variants a,b" picks variants, STEP_RUNS (lines "config mode") the runs
+#   probe-timeline
+#               benchmarks/probes/train_timeline.py: the memory after and the peak during every stage of one
+#               step of nuvec's, on probe-steps' runs (STEP_RUNS), bf16, batch 4 x 2048: where the step peaks,
+#               and what each stage would add in flight
 #   seed-mlp    the seed MLP alone at nuvec_mlx's defaults against the plain step (none, nuvec; 9 repeats, no
 #               peers, no depth sweep): issue #27's seed target in a minute
 #   gemma-mlx-lm
@@ -68,7 +72,7 @@
 # A part that fails says so at the end of its log and on the console; the others still run, and
 # the script's exit status is 1 if any part failed.
 set -uo pipefail
-usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|probe-head|probe-steps|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|train-mlp-chunks|plan|plan-transformer|plan-llama|tests|all"
+usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|probe-head|probe-steps|probe-timeline|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|train-mlp-chunks|plan|plan-transformer|plan-llama|tests|all"
 out=${1:?$usage}
 part=${2:?$usage}
 # The machine's paths, each overridable from the environment.
@@ -142,6 +146,13 @@ qwen3-0.6b lora
 qwen3-0.6b full
 gemma-3-1b lora
 gemma-3-1b full"
+part_probe_timeline() {
+  with_mlx_lm || return 1
+  local config mode
+  while read -r config mode; do
+    $PY benchmarks/probes/train_timeline.py "$config" "$mode" bfloat16 --batch 4 --seq 2048 || return 1
+  done <<<"${STEP_RUNS:-$step_runs}"
+}
 part_seed_mlp() {
   bench --suite full --models mlp --depths "" --peers none --strategies none,nuvec --repeats 9 --out "$out/seed-mlp"
 }
@@ -200,7 +211,7 @@ run_part() {  # run_part NAME: the part's output into its log; a failure is said
 }
 
 case $part in
-  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|probe-head|probe-steps|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|train-mlp-chunks|plan|plan-transformer|plan-llama|tests)
+  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|probe-head|probe-steps|probe-timeline|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|train-mlp-chunks|plan|plan-transformer|plan-llama|tests)
     run_part "$part" ;;
   all)
     for p in suite mlx-graphs budgets budget0 plan plan-llama; do run_part "$p"; done

@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     add_size_arguments(p, batch=4, seq=2048)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from the list above")
+    p.add_argument("--ahead", type=int, help="stages ahead of the variants that set none (default: the device's)")
     p.add_argument(
         "--mlp-chunk", type=options.positive, default=cases.MLP_CHUNK, help="the MLP variants' tokens per chunk"
     )
@@ -136,9 +137,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
         variant = VARIANTS[name]
         with mock.patch.dict(cases.NUVEC_STEPS, {"nuvec-mlp-chunks": mlp_chunks(args.mlp_chunk)}):
             case = Case(w, variant.strategy)
-        if variant.ahead is not None:
-            assert case.training is not None
-            case.training.ahead = variant.ahead
+        if case.training is not None:
+            case.training.ahead = args.ahead if variant.ahead is None else variant.ahead
         batch = case.batch(args.seq)
         with variant.tracing(), variant.running():
             case.evaluate(case.step(batch))  # traced (and compiled) here, with the variant's settings
