@@ -992,6 +992,7 @@ def test_the_step_variants_probe_measures_each_variant_against_mlx_lm_s_step(cap
         "nuvec-light-forward-update-chunk",
         "nuvec-head16",
         "nuvec-head32",
+        "nuvec-light-forward-update-head16",
     }
     assert all(r["time"]["median"] > 0 and r["peak"]["median"] > 0 for r in got.values())
     assert "| nuvec-updates-folded |" in capsys.readouterr().out

@@ -19,7 +19,8 @@ peaks, then times), at nuvec's defaults unless said:
 - ``nuvec-light-forward``, ``nuvec-light-forward-update``, ``nuvec-light-forward-update-chunk``: one stage
   ahead, and one more where it is a block's forward pass (an update, a chunk: ``nuvec_mlx.evaluate.LIGHT``);
 - ``nuvec-head16``, ``nuvec-head32``: the loss head in half or a quarter as many chunks, each two or four
-  times larger (``nuvec_mlx.losses.HEAD_RATIO`` 16 or 32 instead of 8).
+  times larger (``nuvec_mlx.losses.HEAD_RATIO`` 16 or 32 instead of 8);
+- ``nuvec-light-forward-update-head16``: forward and update stages light, and the head in half as many chunks.
 
 Private settings are patched while each step is traced (its first call), which is all that reads them,
 but for ``LIGHT``, which each evaluation reads: it is patched around every step of its variant.
@@ -97,6 +98,7 @@ VARIANTS: dict[str, Variant] = {
     "nuvec-light-forward-update-chunk": Variant("nuvec", running=light(_marks.FORWARD, _marks.UPDATE, _marks.CHUNK)),
     "nuvec-head16": Variant("nuvec", head_ratio(16)),
     "nuvec-head32": Variant("nuvec", head_ratio(32)),
+    "nuvec-light-forward-update-head16": Variant("nuvec", head_ratio(16), light(_marks.FORWARD, _marks.UPDATE)),
 }
 
 
