@@ -147,7 +147,9 @@ def staged(
 
 #: Kinds of stage queued ahead without counting against ``ahead``, up to ``ahead`` of them more:
 #: stages whose memory in flight is small beside a backward stage's, so that queueing them
-#: further keeps the peak, while the device gets more work to run as the host waits.
+#: further would keep the peak while the device gets more work to run as the host waits. None
+#: by default until a GPU has measured what each kind costs and saves (the probe
+#: ``benchmarks/probes/step_variants.py`` patches it: ``nuvec-light-*``).
 LIGHT: frozenset[str] = frozenset()
 
 
