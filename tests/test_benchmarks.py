@@ -987,6 +987,7 @@ def test_the_step_variants_probe_measures_each_variant_against_mlx_lm_s_step(cap
         "nuvec-recomputed-ahead2",
         "nuvec-mlp-chunks",
         "nuvec-mlp-chunks-ahead2",
+        "nuvec-light-chunk",
         "nuvec-light-forward",
         "nuvec-light-forward-update",
         "nuvec-light-forward-update-chunk",

@@ -16,8 +16,9 @@ peaks, then times), at nuvec's defaults unless said:
 - ``nuvec-recomputed-ahead2``: the head recomputed and two stages ahead, the two time levers together;
 - ``nuvec-mlp-chunks``, ``nuvec-mlp-chunks-ahead2``: each block's MLP in chunks of ``--mlp-chunk``
   tokens (the benchmark's ``nuvec-mlp-chunks``, ``nuvec-mlx-lora --mlp-chunk``), one or two stages ahead;
-- ``nuvec-light-forward``, ``nuvec-light-forward-update``, ``nuvec-light-forward-update-chunk``: one stage
-  ahead, and one more where it is a block's forward pass (an update, a chunk: ``nuvec_mlx.evaluate.LIGHT``);
+- ``nuvec-light-chunk``, ``nuvec-light-forward``, ``nuvec-light-forward-update``,
+  ``nuvec-light-forward-update-chunk``: one stage ahead, and one more where it is a chunk's (a block's
+  forward pass, an update: ``nuvec_mlx.evaluate.LIGHT``);
 - ``nuvec-head16``, ``nuvec-head32``: the loss head in half or a quarter as many chunks, each two or four
   times larger (``nuvec_mlx.losses.HEAD_RATIO`` 16 or 32 instead of 8);
 - ``nuvec-light-forward-update-head16``: forward and update stages light, and the head in half as many chunks.
@@ -93,6 +94,7 @@ VARIANTS: dict[str, Variant] = {
     "nuvec-recomputed-ahead2": Variant("nuvec", head_recomputed, ahead=2),
     "nuvec-mlp-chunks": Variant("nuvec-mlp-chunks"),
     "nuvec-mlp-chunks-ahead2": Variant("nuvec-mlp-chunks", ahead=2),
+    "nuvec-light-chunk": Variant("nuvec", running=light(_marks.CHUNK)),
     "nuvec-light-forward": Variant("nuvec", running=light(_marks.FORWARD)),
     "nuvec-light-forward-update": Variant("nuvec", running=light(_marks.FORWARD, _marks.UPDATE)),
     "nuvec-light-forward-update-chunk": Variant("nuvec", running=light(_marks.FORWARD, _marks.UPDATE, _marks.CHUNK)),
