@@ -1017,6 +1017,22 @@ def test_the_step_variants_probe_s_mlp_variants_chunk_each_mlp_as_mlp_chunk_says
     assert probe.VARIANTS["nuvec-mlp-chunks"].strategy == "nuvec-mlp-chunks"  # the benchmark's strategy, resized
 
 
+@pytest.mark.slow
+def test_the_step_variants_probe_s_ahead_is_that_of_the_variants_that_set_none(monkeypatch):
+    from nuvec_mlx import evaluate
+
+    probe, seen, staged = load_probe("step_variants"), [], evaluate.staged
+
+    def spy(stages, arrays, **settings):
+        seen.append(settings["ahead"])
+        return staged(stages, arrays, **settings)
+
+    monkeypatch.setattr(evaluate, "staged", spy)
+    argv = ["--config", "llama", "--hidden", "32", "--layers", "1", "--vocab", "256", "--seq", "16", "--repeats", "1"]
+    probe.main([*argv, "--variants", "nuvec,nuvec-ahead2", "--ahead", "1"])
+    assert set(seen) == {1, 2}
+
+
 def test_the_step_variants_probe_s_head_recomputed_variant_recomputes_each_chunk():
     probe, calls = load_probe("step_variants"), []
 

@@ -141,8 +141,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
         variant = VARIANTS[name]
         with mock.patch.dict(cases.NUVEC_STEPS, {"nuvec-mlp-chunks": mlp_chunks(args.mlp_chunk)}):
             case = Case(w, variant.strategy)
-        if case.training is not None:
-            case.training.ahead = args.ahead if variant.ahead is None else variant.ahead
+        ahead = args.ahead if variant.ahead is None else variant.ahead
+        if ahead is not None and case.training is not None:  # else the strategy's own
+            case.training.ahead = ahead
         batch = case.batch(args.seq)
         with variant.tracing(), variant.running():
             case.evaluate(case.step(batch))  # traced (and compiled) here, with the variant's settings
