@@ -972,11 +972,13 @@ def test_the_head_time_probe_times_the_head_four_ways_with_the_same_gradient(cap
     assert "chunks of 128 tokens" in capsys.readouterr().out  # 4096 / (8 x 128): 4 chunks of the 512 tokens
 
 
+#: step_variants.py on a one-block Llama of hidden 32: each variant in seconds.
+TINY_STEP = ["--config", "llama", "--hidden", "32", "--layers", "1", "--vocab", "256", "--seq", "16", "--repeats", "1"]
+
+
 @pytest.mark.slow
 def test_the_step_variants_probe_measures_each_variant_against_mlx_lm_s_step(capsys):
-    got = load_probe("step_variants").main(
-        ["--config", "llama", "--hidden", "32", "--layers", "1", "--vocab", "256", "--seq", "16", "--repeats", "1"]
-    )
+    got = load_probe("step_variants").main(TINY_STEP)
     assert set(got) == {
         "mlx-lm",
         "nuvec",
@@ -1011,8 +1013,7 @@ def test_the_step_variants_probe_s_mlp_variants_chunk_each_mlp_as_mlp_chunk_says
         return in_chunks(call, chunk, args, kwargs)
 
     monkeypatch.setattr(nv_nn, "_in_chunks", spy)
-    argv = ["--config", "llama", "--hidden", "32", "--layers", "1", "--vocab", "256", "--seq", "16", "--repeats", "1"]
-    probe.main([*argv, "--variants", "nuvec-mlp-chunks", "--mlp-chunk", "8"])
+    probe.main([*TINY_STEP, "--variants", "nuvec-mlp-chunks", "--mlp-chunk", "8"])
     assert sizes and set(sizes) == {8}
     assert probe.VARIANTS["nuvec-mlp-chunks"].strategy == "nuvec-mlp-chunks"  # the benchmark's strategy, resized
 
@@ -1028,8 +1029,7 @@ def test_the_step_variants_probe_s_ahead_is_that_of_the_variants_that_set_none(m
         return staged(stages, arrays, **settings)
 
     monkeypatch.setattr(evaluate, "staged", spy)
-    argv = ["--config", "llama", "--hidden", "32", "--layers", "1", "--vocab", "256", "--seq", "16", "--repeats", "1"]
-    probe.main([*argv, "--variants", "nuvec,nuvec-ahead2", "--ahead", "1"])
+    probe.main([*TINY_STEP, "--variants", "nuvec,nuvec-ahead2", "--ahead", "1"])
     assert set(seen) == {1, 2}
 
 

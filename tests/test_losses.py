@@ -163,7 +163,7 @@ def test_the_chunked_head_holds_one_chunk_of_logits(compiled):
     "into one array made in the first chunk's gradient stage and freed after the last: one chunk of logits "
     "more from stage to stage (eagerly, none)",
 )
-def test_a_compiled_chunked_head_keeps_no_chunk_of_logits_between_chunks():
+def test_a_compiled_chunked_head_keeps_no_chunk_of_logits_between_chunks(compiled):
     """Over 4 chunks of 512 tokens x 4096 words (8 MiB of float32 logits each), after each chunk's gradient
     stage less than one chunk's logits is still alive."""
     mx.random.seed(0)
