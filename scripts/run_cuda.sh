@@ -133,26 +133,25 @@ part_probe_head() {
     done
   done
 }
-part_probe_steps() {
-  with_mlx_lm || return 1
-  local config mode
-  while read -r config mode; do
-    # shellcheck disable=SC2086  # PROBE_ARGS are words
-    $PY benchmarks/probes/step_variants.py --config "$config" --mode "$mode" ${PROBE_ARGS:-} || return 1
-  done <<<"${STEP_RUNS:-$step_runs}"
-}
 step_runs="llama-3.2-1b lora
 qwen3-0.6b lora
 qwen3-0.6b full
 gemma-3-1b lora
 gemma-3-1b full"
-part_probe_timeline() {
+each_step_run() {  # each_step_run FN: FN CONFIG MODE for each line of STEP_RUNS (default step_runs), with mlx-lm
   with_mlx_lm || return 1
   local config mode
   while read -r config mode; do
-    $PY benchmarks/probes/train_timeline.py "$config" "$mode" bfloat16 --batch 4 --seq 2048 || return 1
+    "$1" "$config" "$mode" || return 1
   done <<<"${STEP_RUNS:-$step_runs}"
 }
+step_variants() {
+  # shellcheck disable=SC2086  # PROBE_ARGS are words
+  $PY benchmarks/probes/step_variants.py --config "$1" --mode "$2" ${PROBE_ARGS:-}
+}
+train_timeline() { $PY benchmarks/probes/train_timeline.py "$1" "$2" bfloat16 --batch 4 --seq 2048; }
+part_probe_steps() { each_step_run step_variants; }
+part_probe_timeline() { each_step_run train_timeline; }
 part_seed_mlp() {
   bench --suite full --models mlp --depths "" --peers none --strategies none,nuvec --repeats 9 --out "$out/seed-mlp"
 }
