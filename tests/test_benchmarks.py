@@ -996,6 +996,10 @@ def test_the_step_variants_probe_measures_each_variant_against_mlx_lm_s_step(cap
         "nuvec-head16",
         "nuvec-head32",
         "nuvec-light-forward-update-head16",
+        "nuvec-capped",
+        "nuvec-ahead2-capped",
+        "nuvec-ahead4-capped",
+        "nuvec-light-capped",
     }
     assert all(r["time"]["median"] > 0 and r["peak"]["median"] > 0 for r in got.values())
     assert "| nuvec-updates-folded |" in capsys.readouterr().out
@@ -1031,6 +1035,25 @@ def test_the_step_variants_probe_s_ahead_is_that_of_the_variants_that_set_none(m
     monkeypatch.setattr(evaluate, "staged", spy)
     probe.main([*TINY_STEP, "--variants", "nuvec,nuvec-ahead2", "--ahead", "1"])
     assert set(seen) == {1, 2}
+
+
+@pytest.mark.slow
+def test_the_step_variants_probe_s_capped_variants_throttle_at_a_default_step_s_peak(monkeypatch):
+    from nuvec_mlx import evaluate
+
+    probe, seen, staged = load_probe("step_variants"), [], evaluate.staged
+
+    def spy(stages, arrays, **settings):
+        seen.append((settings["ahead"], settings["throttle"]))
+        return staged(stages, arrays, **settings)
+
+    monkeypatch.setattr(evaluate, "staged", spy)
+    probe.main([*TINY_STEP, "--variants", "nuvec-ahead2-capped"])
+    (_, traced), defaults, *capped = seen  # its trace, the step that measures, then the measured ones
+    assert traced is None and defaults == (None, None)
+    assert {ahead for ahead, _ in capped} == {2}
+    throttles = {throttle for _, throttle in capped}
+    assert len(throttles) == 1 and 0 < throttles.pop() < 64 << 20  # the tiny step's peak, bytes
 
 
 def test_the_step_variants_probe_s_head_recomputed_variant_recomputes_each_chunk():

@@ -21,7 +21,12 @@ peaks, then times), at nuvec's defaults unless said:
   forward pass, an update: ``nuvec_mlx.evaluate.LIGHT``);
 - ``nuvec-head16``, ``nuvec-head32``: the loss head in half or a quarter as many chunks, each two or four
   times larger (``nuvec_mlx.losses.HEAD_RATIO`` 16 or 32 instead of 8);
-- ``nuvec-light-forward-update-head16``: forward and update stages light, and the head in half as many chunks.
+- ``nuvec-light-forward-update-head16``: forward and update stages light, and the head in half as many chunks;
+- ``nuvec-capped``, ``nuvec-ahead2-capped``, ``nuvec-ahead4-capped``, ``nuvec-light-capped``: one, two or four
+  stages ahead, or one and every forward, update and chunk stage light, each with its step's throttle
+  (``nv.TrainingStep(throttle=)``, MLX's memory limit) at the peak one step of nuvec's defaults reached,
+  measured after its trace: queued further where memory allows, held back by MLX's evaluator where it
+  does not.
 
 Private settings are patched while each step is traced (its first call), which is all that reads them,
 but for ``LIGHT``, which each evaluation reads: it is patched around every step of its variant.
@@ -41,6 +46,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 from unittest import mock
 
+import nuvec_mlx as nv
 from nuvec_mlx import _gradient, _marks, evaluate, losses
 from nuvec_mlx_bench.core import environment, mlx_measure, options
 from nuvec_mlx_bench.train import cases
@@ -74,14 +80,28 @@ def head_ratio(ratio: int) -> Context:
     return lambda: mock.patch.object(losses, "HEAD_RATIO", ratio)
 
 
+def default_peak(training: nv.TrainingStep, batch: Any) -> int:
+    """The bytes one step of ``training`` at nuvec's defaults (ahead and throttle ``None``) reaches above the
+    memory active before it."""
+    settings = training.ahead, training.throttle
+    training.ahead = training.throttle = None
+    try:
+        with nv.memory.measure() as m:
+            training(*batch)
+    finally:
+        training.ahead, training.throttle = settings
+    return m.rise
+
+
 class Variant(NamedTuple):
-    """The benchmark's strategy, what its trace runs inside, what each of its steps runs inside, and
-    the stages ahead (``None``: the default)."""
+    """The benchmark's strategy, what its trace runs inside, what each of its steps runs inside, the
+    stages ahead (``None``: the default), and whether its throttle is the peak of a step at the defaults."""
 
     strategy: str
     tracing: Context = contextlib.nullcontext
     running: Context = contextlib.nullcontext
     ahead: int | None = None
+    capped: bool = False
 
 
 VARIANTS: dict[str, Variant] = {
@@ -101,6 +121,10 @@ VARIANTS: dict[str, Variant] = {
     "nuvec-head16": Variant("nuvec", head_ratio(16)),
     "nuvec-head32": Variant("nuvec", head_ratio(32)),
     "nuvec-light-forward-update-head16": Variant("nuvec", head_ratio(16), light(_marks.FORWARD, _marks.UPDATE)),
+    "nuvec-capped": Variant("nuvec", capped=True),
+    "nuvec-ahead2-capped": Variant("nuvec", ahead=2, capped=True),
+    "nuvec-ahead4-capped": Variant("nuvec", ahead=4, capped=True),
+    "nuvec-light-capped": Variant("nuvec", running=light(_marks.FORWARD, _marks.UPDATE, _marks.CHUNK), capped=True),
 }
 
 
@@ -147,6 +171,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
         batch = case.batch(args.seq)
         with variant.tracing(), variant.running():
             case.evaluate(case.step(batch))  # traced (and compiled) here, with the variant's settings
+        if variant.capped and case.training is not None:
+            case.training.throttle = default_peak(case.training, batch)
         timed[name], parts[name] = running_inside(case.timed(batch), variant.running), case.parts
     measured = mlx_measure.run_cases(timed, args.repeats, desc=w.label(), parts=parts)
     base = measured["mlx-lm"] if "mlx-lm" in measured else next(iter(measured.values()))
