@@ -996,6 +996,7 @@ def test_the_step_variants_probe_measures_each_variant_against_mlx_lm_s_step(cap
         "nuvec-head16",
         "nuvec-head32",
         "nuvec-light-forward-update-head16",
+        "nuvec-ahead2-head4",
         "nuvec-capped",
         "nuvec-ahead2-capped",
         "nuvec-ahead4-capped",

@@ -22,6 +22,8 @@ peaks, then times), at nuvec's defaults unless said:
 - ``nuvec-head16``, ``nuvec-head32``: the loss head in half or a quarter as many chunks, each two or four
   times larger (``nuvec_mlx.losses.HEAD_RATIO`` 16 or 32 instead of 8);
 - ``nuvec-light-forward-update-head16``: forward and update stages light, and the head in half as many chunks;
+- ``nuvec-ahead2-head4``: two stages ahead, the head in twice as many chunks (``HEAD_RATIO`` 4), so that two
+  of its chunks in flight hold what one does at the defaults;
 - ``nuvec-capped``, ``nuvec-ahead2-capped``, ``nuvec-ahead4-capped``, ``nuvec-light-capped``: one, two or four
   stages ahead, or one and every forward, update and chunk stage light, each with its step's throttle
   (``nv.TrainingStep(throttle=)``, MLX's memory limit) at the peak one step of nuvec's defaults reached,
@@ -121,6 +123,7 @@ VARIANTS: dict[str, Variant] = {
     "nuvec-head16": Variant("nuvec", head_ratio(16)),
     "nuvec-head32": Variant("nuvec", head_ratio(32)),
     "nuvec-light-forward-update-head16": Variant("nuvec", head_ratio(16), light(_marks.FORWARD, _marks.UPDATE)),
+    "nuvec-ahead2-head4": Variant("nuvec", head_ratio(4), ahead=2),
     "nuvec-capped": Variant("nuvec", capped=True),
     "nuvec-ahead2-capped": Variant("nuvec", ahead=2, capped=True),
     "nuvec-ahead4-capped": Variant("nuvec", ahead=4, capped=True),
