@@ -5,6 +5,7 @@ then ``benchmarks/train/`` (installed as nuvec_mlx_bench.train): its lengths, ca
 """
 
 import dataclasses
+import itertools
 import json
 
 import mlx.core as mx
@@ -456,11 +457,11 @@ def test_doublings_are_the_peak_ratios_of_each_length_measured_with_its_double_f
 def test_a_length_the_device_cannot_hold_does_not_fit_and_the_search_goes_on_with_a_fresh_case(tmp_path, monkeypatch):
     measure, stepped = command.peak_at, []
 
-    def peak_at(case, seq):  # the device runs out of memory past 64 tokens, as a CUDA allocation does
+    def peak_at(case, seq, steps=1):  # the device runs out of memory past 64 tokens, as a CUDA allocation does
         stepped.append((case, seq))  # held: each case's identity stays its own
         if seq > 64:
             raise RuntimeError("cudaMallocAsync(&data, size, stream) failed: out of memory")
-        return measure(case, seq)
+        return measure(case, seq, steps)
 
     monkeypatch.setattr(command, "peak_at", peak_at)
     argv = [*SMALLEST, "--modes", "lora", "--strategies", "none,nuvec", "--seqs", "", "--memory", "1GiB"]
@@ -472,8 +473,17 @@ def test_a_length_the_device_cannot_hold_does_not_fit_and_the_search_goes_on_wit
     assert len(after) == 2 and all(a is not b for a, b in zip(after, [c for c, s in stepped if s == 128]))
 
 
+def test_the_search_s_peak_at_a_length_is_the_highest_of_repeats_steps(tmp_path, monkeypatch):
+    peaks = itertools.cycle([2 << 20, 9 << 20, 5 << 20])  # any three steps in a row: one of each
+    monkeypatch.setattr(command.rounds, "peak", lambda step, finish, probe: next(peaks))
+    argv = [*SMALLEST, "--modes", "lora", "--strategies", "none", "--seqs", "", "--memory", "1GiB", "--repeats", "3"]
+    (row,) = command.run([*argv, "--seq-step", "32", "--max-seq", "64", "--out", str(tmp_path)])
+    assert row["search"] == {32: 9 << 20, 64: 9 << 20}  # not the first, nor the median, of each length's three
+    assert "in each of 3 steps after a warm-up step" in (tmp_path / "results.md").read_text()
+
+
 def test_an_error_other_than_running_out_of_memory_stops_the_search(tmp_path, monkeypatch):
-    def peak_at(case, seq):
+    def peak_at(case, seq, steps=1):
         raise RuntimeError("[scaled_dot_product_attention] Does not support VJP with respect to mask")
 
     monkeypatch.setattr(command, "peak_at", peak_at)

@@ -164,12 +164,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def peak_at(case: Case, seq: int) -> int:
-    """The step's peak at ``seq`` tokens (after a warm-up step at that length), above what the case holds."""
+def peak_at(case: Case, seq: int, steps: int = 1) -> int:
+    """The step's peak at ``seq`` tokens (after a warm-up step at that length), above what the case holds: the
+    highest of ``steps`` steps, since a length fits a run only if every step of it does."""
     batch = case.batch(seq)
     finish = mlx_measure.finished(case.evaluate)
     finish(case.step(batch))  # traces and compiles at this length
-    return rounds.peak(lambda: case.step(batch), finish, mlx_measure.MlxProbe())
+    return max(rounds.peak(lambda: case.step(batch), finish, mlx_measure.MlxProbe()) for _ in range(steps))
 
 
 def _rebuild(cases: dict[str, Case], strategy: str) -> None:
@@ -181,15 +182,17 @@ def _rebuild(cases: dict[str, Case], strategy: str) -> None:
     cases[strategy] = Case(w, strategy)
 
 
-def _searched_peak(cases: dict[str, Case], strategy: str, seq: int, row: dict) -> float:
-    """The length search's peak of ``strategy`` at ``seq`` tokens, also kept in ``row["search"]``; infinite,
+def _searched_peak(cases: dict[str, Case], strategy: str, seq: int, row: dict, steps: int) -> float:
+    """The length search's peak of ``strategy`` at ``seq`` tokens, the highest of ``steps`` steps (some
+    steps' peaks vary from step to step: mlx-lm's LoRA step's by up to 1.7x on CUDA), also kept in
+    ``row["search"]``; infinite,
     so that it does not fit, where the step is not run (:meth:`Case.runs_at`, listed in ``row["not_run"]``)
     or the device cannot hold it at all (``row["out_of_memory"]``; the case is rebuilt for the next length)."""
     if not cases[strategy].runs_at(seq):
         row.setdefault("not_run", []).append(seq)
         return math.inf
     try:
-        row["search"][seq] = peak_at(cases[strategy], seq)
+        row["search"][seq] = peak_at(cases[strategy], seq, steps)
     except RuntimeError as e:
         if "out of memory" not in str(e):
             raise
@@ -241,7 +244,7 @@ def measure_workload(w: TrainWorkload, args: argparse.Namespace) -> list[dict]:
             seq: int, memory: int, s: str = s, seen: dict = measured_peaks, row: dict = row, resident: int = resident
         ) -> bool:
             if seq not in seen:
-                seen[seq] = _searched_peak(cases, s, seq, row)
+                seen[seq] = _searched_peak(cases, s, seq, row, args.repeats)
             return resident + seen[seq] <= memory
 
         by[s]["largest_seq"] = {

@@ -126,8 +126,8 @@ def notes(rows: list[dict], args: argparse.Namespace) -> list[str]:
     if args.memory:
         lines.append(
             f"- largest seq: the longest multiple of {args.seq_step} tokens (up to {args.max_seq}) whose held + step "
-            f"peak stays within {', '.join(options.size_text(m) for m in args.memory)}, found by measuring steps "
-            "(doubling from the workload's length, then bisecting)"
+            f"peak stays within {', '.join(options.size_text(m) for m in args.memory)} in each of {args.repeats} "
+            "steps after a warm-up step, found by measuring (doubling from the workload's length, then bisecting)"
         )
     not_run = {f"{r['label']}: {r['strategy']}": r["not_run"] for r in rows if r.get("not_run")}
     if not_run:
