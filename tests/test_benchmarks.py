@@ -1001,6 +1001,7 @@ def test_the_step_variants_probe_measures_each_variant_against_mlx_lm_s_step(cap
         "nuvec-ahead2-capped",
         "nuvec-ahead4-capped",
         "nuvec-light-capped",
+        "nuvec-measured",
     }
     assert all(r["time"]["median"] > 0 and r["peak"]["median"] > 0 for r in got.values())
     assert "| nuvec-updates-folded |" in capsys.readouterr().out
@@ -1055,6 +1056,49 @@ def test_the_step_variants_probe_s_capped_variants_throttle_at_a_default_step_s_
     assert {ahead for ahead, _ in capped} == {2}
     throttles = {throttle for _, throttle in capped}
     assert len(throttles) == 1 and 0 < throttles.pop() < 64 << 20  # the tiny step's peak, bytes
+
+
+def test_queue_depths_queue_past_each_stage_what_fits_the_most_one_stage_ahead_holds():
+    """Stages adding 10, 100, then four of 10, 100, 10 MiB on nothing held: one ahead holds at most 110 MiB (a
+    large stage and a small one), so the small ones queue further where no large one follows soon."""
+    probe = load_probe("step_variants")
+    adds = [10, 100, 10, 10, 10, 10, 100, 10]
+    readings = [nv.memory.StageReading(0, i, "forward", None, 0.0, 0, a << 20) for i, a in enumerate(adds)]
+    assert probe.queue_depths(0, readings) == [1, 1, 3, 2, 1, 1, 1, 0]
+    assert probe.queue_depths(0, readings, ahead=2) == [2, 2, 3, 2, 2, 2, 1, 0]  # a budget of 120 MiB
+    assert probe.queue_depths(0, readings, most=2) == [1, 1, 2, 2, 1, 1, 1, 0]
+    kept = [
+        nv.memory.StageReading(0, i, "forward", None, 0.0, (i + 1) * 30 << 20, (i * 30 + a) << 20)
+        for i, a in enumerate(adds)
+    ]
+    # Each stage keeps 30 MiB, so the step peaks at its end, and every stage before may queue the rest.
+    assert probe.queue_depths(0, kept) == [7, 6, 5, 4, 3, 2, 1, 0]
+
+
+def test_per_stage_queues_past_each_stage_its_own_depth():
+    probe = load_probe("step_variants")
+    from nuvec_mlx import evaluate
+
+    with probe.per_stage([2, 0, 5])():
+        assert evaluate._may_queue(0, ["forward", "forward"], 1) and not evaluate._may_queue(0, ["a", "b", "c"], 1)
+        assert evaluate._may_queue(1, [], 1) and not evaluate._may_queue(1, ["backward"], 1)
+    assert not evaluate._may_queue(0, ["forward", "forward"], 1)  # nuvec's own rule again
+
+
+@pytest.mark.slow
+def test_the_step_variants_probe_s_measured_variant_queues_as_its_step_s_timeline_allows(monkeypatch, capsys):
+    probe, seen = load_probe("step_variants"), []
+    per_stage = probe.per_stage
+
+    def spy(depths):
+        seen.append(list(depths))
+        return per_stage(depths)
+
+    monkeypatch.setattr(probe, "per_stage", spy)
+    probe.main([*TINY_STEP, "--variants", "nuvec-measured"])
+    ((*stages, outputs),) = seen  # one depth per stage and one for the outputs, measured once
+    assert stages and all(d >= 1 for d in stages) and outputs == 0
+    assert f"stages: {[*stages, outputs]}" in capsys.readouterr().out
 
 
 def test_the_step_variants_probe_s_head_recomputed_variant_recomputes_each_chunk():

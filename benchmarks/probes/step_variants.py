@@ -28,7 +28,11 @@ peaks, then times), at nuvec's defaults unless said:
   stages ahead, or one and every forward, update and chunk stage light, each with its step's throttle
   (``nv.TrainingStep(throttle=)``, MLX's memory limit) at the peak one step of nuvec's defaults reached,
   measured after its trace: queued further where memory allows, held back by MLX's evaluator where it
-  does not.
+  does not;
+- ``nuvec-measured``: each stage's own depth of queue, from a memory timeline of one step (``nv.memory.timeline``,
+  measured after its trace): past stage ``i``, as many stages as keep the memory they would hold together,
+  the memory active before ``i`` plus what each of them adds at its peak, within the most that one stage
+  ahead would hold anywhere in the step (:func:`queue_depths`).
 
 Private settings are patched while each step is traced (its first call), which is all that reads them,
 but for ``LIGHT``, which each evaluation reads: it is patched around every step of its variant.
@@ -44,9 +48,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 from unittest import mock
+
+import mlx.core as mx
 
 import nuvec_mlx as nv
 from nuvec_mlx import _gradient, _marks, evaluate, losses
@@ -95,15 +101,61 @@ def default_peak(training: nv.TrainingStep, batch: Any) -> int:
     return m.rise
 
 
+def queue_depths(start: int, readings: Sequence[nv.memory.StageReading], ahead: int = 1, most: int = 8) -> list[int]:
+    """How many stages may be queued past each stage, from one evaluation's timeline read at 0 ahead.
+
+    Stage ``j`` adds ``adds[j]``, its peak above the memory active before it. Waiting for stage ``i`` with
+    ``i + 1 .. i + d`` queued is taken to hold the memory active before ``i`` plus ``adds[i .. i + d]``
+    (each queued stage's buffers allocated as the host encodes it, none released yet: an upper bound where
+    stages overlap less). The budget is the most that ``ahead`` stages ahead hold anywhere in the step, so
+    every stage gets at least ``ahead`` and the step's modelled peak stays that of ``ahead``.
+
+    Args:
+        start: the memory active before the evaluation.
+        readings: its stages' readings, in order (the last the outputs').
+        ahead: the stages ahead whose modelled peak is the budget.
+        most: the deepest queue.
+
+    Returns:
+        The depth of queue past each stage, one per reading.
+    """
+    before = [start] + [r.active for r in readings[:-1]]
+    adds = [max(0, r.peak - b) for r, b in zip(readings, before)]
+    held = [[b + sum(adds[i : i + d + 1]) for d in range(most + 1)] for i, b in enumerate(before)]
+    budget = max(h[ahead] for h in held)  # so every stage's depth is at least ahead (sums only grow with d)
+    return [max(d for d in range(min(most, len(adds) - 1 - i) + 1) if h[d] <= budget) for i, h in enumerate(held)]
+
+
+def measured_depths(training: nv.TrainingStep, batch: Any) -> list[int]:
+    """:func:`queue_depths` of a step of ``training`` (traced already), from its timeline."""
+    mx.synchronize()
+    mx.clear_cache()
+    start = mx.get_active_memory()
+    with nv.memory.timeline() as t:
+        training(*batch)
+    return queue_depths(start, t.readings, ahead=training.ahead or 1)
+
+
+def per_stage(depths: Sequence[int]) -> Context:
+    """Stages queued past each one as ``depths`` says (``nuvec_mlx.evaluate._may_queue`` replaced)."""
+
+    def may_queue(waited: int, beyond: list[str], ahead: int) -> bool:
+        return len(beyond) <= depths[min(waited, len(depths) - 1)]
+
+    return lambda: mock.patch.object(evaluate, "_may_queue", may_queue)
+
+
 class Variant(NamedTuple):
     """The benchmark's strategy, what its trace runs inside, what each of its steps runs inside, the
-    stages ahead (``None``: the default), and whether its throttle is the peak of a step at the defaults."""
+    stages ahead (``None``: the default), whether its throttle is the peak of a step at the defaults, and
+    whether each stage's queue is measured (:func:`measured_depths`)."""
 
     strategy: str
     tracing: Context = contextlib.nullcontext
     running: Context = contextlib.nullcontext
     ahead: int | None = None
     capped: bool = False
+    measured: bool = False
 
 
 VARIANTS: dict[str, Variant] = {
@@ -128,6 +180,7 @@ VARIANTS: dict[str, Variant] = {
     "nuvec-ahead2-capped": Variant("nuvec", ahead=2, capped=True),
     "nuvec-ahead4-capped": Variant("nuvec", ahead=4, capped=True),
     "nuvec-light-capped": Variant("nuvec", running=light(_marks.FORWARD, _marks.UPDATE, _marks.CHUNK), capped=True),
+    "nuvec-measured": Variant("nuvec", ahead=1, measured=True),
 }
 
 
@@ -176,7 +229,12 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
             case.evaluate(case.step(batch))  # traced (and compiled) here, with the variant's settings
         if variant.capped and case.training is not None:
             case.training.throttle = default_peak(case.training, batch)
-        timed[name], parts[name] = running_inside(case.timed(batch), variant.running), case.parts
+        running = variant.running
+        if variant.measured and case.training is not None:
+            depths = measured_depths(case.training, batch)
+            print(f"{name}: stages queued past each stage, {len(depths)} stages: {depths}")
+            running = per_stage(depths)
+        timed[name], parts[name] = running_inside(case.timed(batch), running), case.parts
     measured = mlx_measure.run_cases(timed, args.repeats, desc=w.label(), parts=parts)
     base = measured["mlx-lm"] if "mlx-lm" in measured else next(iter(measured.values()))
     print(f"{w.label()}; peak above weights and optimizer state (MiB), step time (s); medians (min–max)")
