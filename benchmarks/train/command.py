@@ -183,11 +183,11 @@ def _rebuild(cases: dict[str, Case], strategy: str) -> None:
 
 
 def _searched_peak(cases: dict[str, Case], strategy: str, seq: int, row: dict, steps: int) -> float:
-    """The length search's peak of ``strategy`` at ``seq`` tokens, the highest of ``steps`` steps (some
-    steps' peaks vary from step to step: mlx-lm's LoRA step's by up to 1.7x on CUDA), also kept in
-    ``row["search"]``; infinite,
-    so that it does not fit, where the step is not run (:meth:`Case.runs_at`, listed in ``row["not_run"]``)
-    or the device cannot hold it at all (``row["out_of_memory"]``; the case is rebuilt for the next length)."""
+    """The length search's peak of ``strategy`` at ``seq`` tokens, the highest of ``steps`` steps (a step's
+    peak can vary from step to step: mlx-lm's LoRA step's by up to 1.7x on CUDA), also kept in
+    ``row["search"]``; infinite, so that it does not fit, where the step is not run (:meth:`Case.runs_at`,
+    listed in ``row["not_run"]``) or the device cannot hold it at all (``row["out_of_memory"]``; the case
+    is rebuilt for the next length)."""
     if not cases[strategy].runs_at(seq):
         row.setdefault("not_run", []).append(seq)
         return math.inf
