@@ -1002,6 +1002,7 @@ def test_the_step_variants_probe_measures_each_variant_against_mlx_lm_s_step(cap
         "nuvec-ahead4-capped",
         "nuvec-light-capped",
         "nuvec-measured",
+        "nuvec-measured-floor",
     }
     assert all(r["time"]["median"] > 0 and r["peak"]["median"] > 0 for r in got.values())
     assert "| nuvec-updates-folded |" in capsys.readouterr().out
@@ -1067,6 +1068,12 @@ def test_queue_depths_queue_past_each_stage_what_fits_the_most_one_stage_ahead_h
     assert probe.queue_depths(0, readings) == [1, 1, 3, 2, 1, 1, 1, 0]
     assert probe.queue_depths(0, readings, ahead=2) == [2, 2, 3, 2, 2, 2, 1, 0]  # a budget of 120 MiB
     assert probe.queue_depths(0, readings, most=2) == [1, 1, 2, 2, 1, 1, 1, 0]
+    pair = [
+        nv.memory.StageReading(0, i, "backward", None, 0.0, 0, a << 20)
+        for i, a in enumerate([30] * 4 + [100] * 2 + [30])
+    ]
+    assert probe.queue_depths(0, pair) == [3, 3, 2, 1, 1, 1, 0]  # within the two large ones together, 200 MiB
+    assert probe.queue_depths(0, pair, within=0) == [2, 2, 1, 1, 1, 1, 0]  # within one, 100 MiB; never below 1
     kept = [
         nv.memory.StageReading(0, i, "forward", None, 0.0, (i + 1) * 30 << 20, (i * 30 + a) << 20)
         for i, a in enumerate(adds)

@@ -32,7 +32,8 @@ peaks, then times), at nuvec's defaults unless said:
 - ``nuvec-measured``: each stage's own depth of queue, from a memory timeline of one step (``nv.memory.timeline``,
   measured after its trace): past stage ``i``, as many stages as keep the memory they would hold together,
   the memory active before ``i`` plus what each of them adds at its peak, within the most that one stage
-  ahead would hold anywhere in the step (:func:`queue_depths`).
+  ahead would hold anywhere in the step (:func:`queue_depths`); ``nuvec-measured-floor``: the same within
+  the peak the timeline read at 0 ahead (one ahead everywhere, more only below that).
 
 Private settings are patched while each step is traced (its first call), which is all that reads them,
 but for ``LIGHT``, which each evaluation reads: it is patched around every step of its variant.
@@ -101,19 +102,23 @@ def default_peak(training: nv.TrainingStep, batch: Any) -> int:
     return m.rise
 
 
-def queue_depths(start: int, readings: Sequence[nv.memory.StageReading], ahead: int = 1, most: int = 8) -> list[int]:
+def queue_depths(
+    start: int, readings: Sequence[nv.memory.StageReading], ahead: int = 1, within: int | None = None, most: int = 8
+) -> list[int]:
     """How many stages may be queued past each stage, from one evaluation's timeline read at 0 ahead.
 
     Stage ``j`` adds ``adds[j]``, its peak above the memory active before it. Waiting for stage ``i`` with
     ``i + 1 .. i + d`` queued is taken to hold the memory active before ``i`` plus ``adds[i .. i + d]``
     (each queued stage's buffers allocated as the host encodes it, none released yet: an upper bound where
-    stages overlap less). The budget is the most that ``ahead`` stages ahead hold anywhere in the step, so
-    every stage gets at least ``ahead`` and the step's modelled peak stays that of ``ahead``.
+    stages overlap less). Each stage gets ``ahead`` or more: as many as keep that within the budget, the
+    most that ``within`` stages ahead hold anywhere in the step by the same reckoning (``ahead``'s, so that
+    the step's modelled peak stays that of ``ahead``; 0 for the peak the timeline read itself).
 
     Args:
         start: the memory active before the evaluation.
         readings: its stages' readings, in order (the last the outputs').
-        ahead: the stages ahead whose modelled peak is the budget.
+        ahead: the fewest stages queued past each (fewer only where fewer are left).
+        within: the stages ahead whose modelled peak is the budget; ``None`` for ``ahead``.
         most: the deepest queue.
 
     Returns:
@@ -122,18 +127,19 @@ def queue_depths(start: int, readings: Sequence[nv.memory.StageReading], ahead: 
     before = [start] + [r.active for r in readings[:-1]]
     adds = [max(0, r.peak - b) for r, b in zip(readings, before)]
     held = [[b + sum(adds[i : i + d + 1]) for d in range(most + 1)] for i, b in enumerate(before)]
-    budget = max(h[ahead] for h in held)  # so every stage's depth is at least ahead (sums only grow with d)
-    return [max(d for d in range(min(most, len(adds) - 1 - i) + 1) if h[d] <= budget) for i, h in enumerate(held)]
+    budget = max(h[ahead if within is None else within] for h in held)
+    last = [min(most, len(adds) - 1 - i) for i in range(len(adds))]
+    return [max(min(ahead, n), *(d for d in range(n + 1) if h[d] <= budget)) for h, n in zip(held, last)]
 
 
-def measured_depths(training: nv.TrainingStep, batch: Any) -> list[int]:
+def measured_depths(training: nv.TrainingStep, batch: Any, within: int | None = None) -> list[int]:
     """:func:`queue_depths` of a step of ``training`` (traced already), from its timeline."""
     mx.synchronize()
     mx.clear_cache()
     start = mx.get_active_memory()
     with nv.memory.timeline() as t:
         training(*batch)
-    return queue_depths(start, t.readings, ahead=training.ahead or 1)
+    return queue_depths(start, t.readings, ahead=training.ahead or 1, within=within)
 
 
 def per_stage(depths: Sequence[int]) -> Context:
@@ -148,7 +154,7 @@ def per_stage(depths: Sequence[int]) -> Context:
 class Variant(NamedTuple):
     """The benchmark's strategy, what its trace runs inside, what each of its steps runs inside, the
     stages ahead (``None``: the default), whether its throttle is the peak of a step at the defaults, and
-    whether each stage's queue is measured (:func:`measured_depths`)."""
+    whether each stage's queue is measured (:func:`measured_depths`, its budget that of ``within`` ahead)."""
 
     strategy: str
     tracing: Context = contextlib.nullcontext
@@ -156,6 +162,7 @@ class Variant(NamedTuple):
     ahead: int | None = None
     capped: bool = False
     measured: bool = False
+    within: int | None = None
 
 
 VARIANTS: dict[str, Variant] = {
@@ -181,6 +188,7 @@ VARIANTS: dict[str, Variant] = {
     "nuvec-ahead4-capped": Variant("nuvec", ahead=4, capped=True),
     "nuvec-light-capped": Variant("nuvec", running=light(_marks.FORWARD, _marks.UPDATE, _marks.CHUNK), capped=True),
     "nuvec-measured": Variant("nuvec", ahead=1, measured=True),
+    "nuvec-measured-floor": Variant("nuvec", ahead=1, measured=True, within=0),
 }
 
 
@@ -231,7 +239,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
             case.training.throttle = default_peak(case.training, batch)
         running = variant.running
         if variant.measured and case.training is not None:
-            depths = measured_depths(case.training, batch)
+            depths = measured_depths(case.training, batch, variant.within)
             print(f"{name}: stages queued past each stage, {len(depths)} stages: {depths}")
             running = per_stage(depths)
         timed[name], parts[name] = running_inside(case.timed(batch), running), case.parts
