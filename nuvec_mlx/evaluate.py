@@ -82,8 +82,9 @@ def eval(
             beyond the one the host waits for, so that the device runs one
             while the host builds the next; each stage ahead keeps one more
             block in flight. ``None`` for :func:`default_ahead` (1 on a GPU, 0
-            on the CPU); 0 gives the lowest peak. Inside
-            :func:`nuvec_mlx.memory.ceiling` and
+            on the CPU); 0 gives the lowest peak. On a GPU a queued stage's
+            memory is allocated as it is queued, and the throttle does not
+            hold it back. Inside :func:`nuvec_mlx.memory.ceiling` and
             :func:`nuvec_mlx.memory.timeline`, which read memory after each
             stage, it is 0.
         synchronize: after each stage, also wait (:func:`mlx.core.synchronize`)
