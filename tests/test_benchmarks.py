@@ -987,6 +987,8 @@ def test_the_step_variants_probe_measures_each_variant_against_mlx_lm_s_step(cap
         "nuvec-updates-folded",
         "nuvec-ahead2",
         "nuvec-recomputed-ahead2",
+        "nuvec-head-chunks",
+        "nuvec-attention-chunks",
         "nuvec-mlp-chunks",
         "nuvec-mlp-chunks-ahead2",
         "nuvec-light-chunk",
@@ -1038,6 +1040,24 @@ def test_the_step_variants_probe_s_ahead_is_that_of_the_variants_that_set_none(m
     monkeypatch.setattr(evaluate, "staged", spy)
     probe.main([*TINY_STEP, "--variants", "nuvec,nuvec-ahead2", "--ahead", "1"])
     assert set(seen) == {1, 2}
+
+
+@pytest.mark.slow
+def test_the_step_variants_probe_s_head_and_attention_variants_chunk_one_of_the_two(monkeypatch):
+    from nuvec_mlx_bench.train import cases
+
+    probe, built = load_probe("step_variants"), []
+
+    def spy(workload, strategy):
+        built.append(cases.NUVEC_STEPS[strategy])
+        return cases.Case(workload, strategy)
+
+    monkeypatch.setattr(probe, "Case", spy)
+    probe.main([*TINY_STEP, "--variants", "nuvec-head-chunks,nuvec-attention-chunks,nuvec"])
+    head, attention, nuvec = built
+    assert (head.attention_chunk, head.loss) == (None, nuvec.loss) and nuvec.attention_chunk == "auto"
+    assert attention.attention_chunk == "auto" and attention.loss is probe.default_loss is not nuvec.loss
+    assert cases.NUVEC_STEPS["nuvec"] == nuvec  # put back
 
 
 @pytest.mark.slow

@@ -14,6 +14,9 @@ peaks, then times), at nuvec's defaults unless said:
   stages of full fine-tuning cost;
 - ``nuvec-ahead2``: two stages queued ahead instead of one;
 - ``nuvec-recomputed-ahead2``: the head recomputed and two stages ahead, the two time levers together;
+- ``nuvec-head-chunks``, ``nuvec-attention-chunks``: ``nuvec`` with only the loss head in chunks (attention
+  whole), or only attention (mlx-lm's ``default_loss``): which chunks the host's dispatch and the waits
+  are spent on;
 - ``nuvec-mlp-chunks``, ``nuvec-mlp-chunks-ahead2``: each block's MLP in chunks of ``--mlp-chunk``
   tokens (the benchmark's ``nuvec-mlp-chunks``, ``nuvec-mlx-lora --mlp-chunk``), one or two stages ahead;
 - ``nuvec-light-chunk``, ``nuvec-light-forward``, ``nuvec-light-forward-update``,
@@ -49,11 +52,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 from unittest import mock
 
 import mlx.core as mx
+from mlx_lm.tuner.trainer import default_loss
 
 import nuvec_mlx as nv
 from nuvec_mlx import _gradient, _marks, evaluate, losses
@@ -154,7 +158,8 @@ def per_stage(depths: Sequence[int]) -> Context:
 class Variant(NamedTuple):
     """The benchmark's strategy, what its trace runs inside, what each of its steps runs inside, the
     stages ahead (``None``: the default), whether its throttle is the peak of a step at the defaults, and
-    whether each stage's queue is measured (:func:`measured_depths`, its budget that of ``within`` ahead)."""
+    whether each stage's queue is measured (:func:`measured_depths`, its budget that of ``within`` ahead),
+    and what of the strategy's :class:`~nuvec_mlx_bench.train.cases.NuvecStep` it changes."""
 
     strategy: str
     tracing: Context = contextlib.nullcontext
@@ -163,6 +168,7 @@ class Variant(NamedTuple):
     capped: bool = False
     measured: bool = False
     within: int | None = None
+    changes: Mapping[str, Any] | None = None
 
 
 VARIANTS: dict[str, Variant] = {
@@ -173,6 +179,8 @@ VARIANTS: dict[str, Variant] = {
     "nuvec-updates-folded": Variant("nuvec", updates_folded),
     "nuvec-ahead2": Variant("nuvec", ahead=2),
     "nuvec-recomputed-ahead2": Variant("nuvec", head_recomputed, ahead=2),
+    "nuvec-head-chunks": Variant("nuvec", changes={"attention_chunk": None}),
+    "nuvec-attention-chunks": Variant("nuvec", changes={"loss": default_loss}),
     "nuvec-mlp-chunks": Variant("nuvec-mlp-chunks"),
     "nuvec-mlp-chunks-ahead2": Variant("nuvec-mlp-chunks", ahead=2),
     "nuvec-light-chunk": Variant("nuvec", running=light(_marks.CHUNK)),
@@ -227,7 +235,10 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     timed, parts = {}, {}
     for name in args.variants.split(","):
         variant = VARIANTS[name]
-        with mock.patch.dict(cases.NUVEC_STEPS, {"nuvec-mlp-chunks": mlp_chunks(args.mlp_chunk)}):
+        steps = {"nuvec-mlp-chunks": mlp_chunks(args.mlp_chunk)}
+        if variant.changes:
+            steps[variant.strategy] = dataclasses.replace(cases.NUVEC_STEPS[variant.strategy], **variant.changes)
+        with mock.patch.dict(cases.NUVEC_STEPS, steps):
             case = Case(w, variant.strategy)
         ahead = args.ahead if variant.ahead is None else variant.ahead
         if ahead is not None and case.training is not None:  # else the strategy's own
