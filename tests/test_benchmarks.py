@@ -1043,6 +1043,23 @@ def test_the_step_variants_probe_s_ahead_is_that_of_the_variants_that_set_none(m
 
 
 @pytest.mark.slow
+def test_the_step_variants_probe_s_dispatch_only_times_calls_of_each_step_none_evaluated(monkeypatch, capsys):
+    from nuvec_mlx import evaluate
+    from nuvec_mlx_bench.train import cases
+
+    probe, evaluated, staged = load_probe("step_variants"), [], evaluate.staged
+    monkeypatch.setattr(cases.Case, "evaluate", lambda self, outputs: evaluated.append(outputs))
+    monkeypatch.setattr(evaluate, "staged", lambda *args, **kwargs: evaluated.append(args) or staged(*args, **kwargs))
+    got = probe.main([*TINY_STEP, "--variants", "mlx-lm,nuvec,nuvec-unchunked", "--dispatch-only", "3"])
+    assert not evaluated  # mlx-lm's step is dispatched only; nuvec's staged evaluation was replaced
+    assert [got[v]["stages"] for v in ("mlx-lm", "nuvec-unchunked")] == [None, 3]  # 1 block: forward, backward, update
+    assert got["nuvec"]["stages"] > got["nuvec-unchunked"]["stages"]  # and the head's chunks
+    for d in got.values():
+        assert len(d["wall"]["repeats"]) == len(d["cpu"]["repeats"]) == 3 and d["wall"]["median"] > 0 < d["first"]
+    assert "| nuvec-unchunked | 3 |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
 def test_the_step_variants_probe_s_head_and_attention_variants_chunk_one_of_the_two(monkeypatch):
     from nuvec_mlx_bench.train import cases
 
