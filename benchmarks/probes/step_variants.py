@@ -73,6 +73,7 @@ from mlx_lm.tuner.trainer import default_loss
 import nuvec_mlx as nv
 from nuvec_mlx import _gradient, _marks, evaluate, losses
 from nuvec_mlx_bench.core import environment, mlx_measure, options
+from nuvec_mlx_bench.core.figures import spread
 from nuvec_mlx_bench.core.rounds import summary
 from nuvec_mlx_bench.train import cases
 from nuvec_mlx_bench.train.cases import MODES, Case, TrainWorkload, add_size_arguments
@@ -150,12 +151,9 @@ def queue_depths(
 
 def measured_depths(training: nv.TrainingStep, batch: Any, within: int | None = None) -> list[int]:
     """:func:`queue_depths` of a step of ``training`` (traced already), from its timeline."""
-    mx.synchronize()
-    mx.clear_cache()
-    start = mx.get_active_memory()
-    with nv.memory.timeline() as t:
+    with nv.memory.measure() as m, nv.memory.timeline() as t:  # m.start: the memory active before the step
         training(*batch)
-    return queue_depths(start, t.readings, ahead=training.ahead or 1, within=within)
+    return queue_depths(m.start, t.readings, ahead=training.ahead or 1, within=within)
 
 
 def per_stage(depths: Sequence[int]) -> Context:
@@ -255,12 +253,9 @@ def print_dispatch(label: str, dispatched: dict[str, dict[str, Any]]) -> None:
     print("| variant | stages | wall | thread CPU | first call (traces) |")
     print("| --- | --- | --- | --- | --- |")
     for name, d in dispatched.items():
-        wall, cpu = (d[k] for k in ("wall", "cpu"))
-        print(
-            f"| {name} | {'' if d['stages'] is None else d['stages']} | {wall['median'] * 1e3:.2f} "
-            f"({wall['min'] * 1e3:.2f}–{wall['max'] * 1e3:.2f}) | {cpu['median'] * 1e3:.2f} | {d['first'] * 1e3:.0f} |",
-            flush=True,
-        )
+        stages = "" if d["stages"] is None else d["stages"]
+        wall, cpu = spread(d["wall"], 1e3, 2), f"{d['cpu']['median'] * 1e3:.2f}"
+        print(f"| {name} | {stages} | {wall} | {cpu} | {d['first'] * 1e3:.0f} |", flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
@@ -315,13 +310,11 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     print("| variant | peak | time | time / mlx-lm's | dispatch (s) | evaluation (s) |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, m in measured.items():
-        peak, time, parts = m["peak"], m["time"], m.get("parts", {})
-        rise = [v / 2**20 for v in (peak["median"], peak["min"], peak["max"])]
+        parts = m.get("parts", {})
         split = [f"{parts[k]['median']:.4f}" if k in parts else "" for k in ("dispatch", "evaluation")]
         print(
-            f"| {name} | {rise[0]:.0f} ({rise[1]:.0f}–{rise[2]:.0f}) | {time['median']:.4f} "
-            f"({time['min']:.4f}–{time['max']:.4f}) | {time['median'] / base['time']['median']:.3f} | "
-            f"{split[0]} | {split[1]} |",
+            f"| {name} | {spread(m['peak'], 2**-20, 0)} | {spread(m['time'], 1, 4)} | "
+            f"{m['time']['median'] / base['time']['median']:.3f} | {split[0]} | {split[1]} |",
             flush=True,
         )
     return measured
