@@ -147,16 +147,9 @@ def staged(
 
 
 #: Kinds of stage queued ahead without counting against ``ahead``, up to ``ahead`` of them more:
-#: stages whose memory in flight is small beside a backward stage's, so that queueing them
-#: further would keep the peak while the device gets more work to run as the host waits. None
-#: by default until a GPU has measured what each kind costs and saves (the probe
-#: ``benchmarks/probes/step_variants.py`` patches it: ``nuvec-light-*``).
-LIGHT: frozenset[str] = frozenset()
-
-
 def _evaluate_stages(stages: list[mx.array], arrays: tuple[Any, ...], ahead: int, synchronize: bool) -> None:
     """Evaluate ``stages`` one by one, then ``arrays``, with up to ``ahead`` of them queued past the one
-    waited for (:data:`LIGHT` ones besides); with ``synchronize``, :func:`mlx.core.synchronize` after each stage."""
+    waited for (as :func:`_may_queue` allows); with ``synchronize``, :func:`mlx.core.synchronize` after each stage."""
     work = [(stage,) for stage in stages] + [arrays]
     kinds = [_marks.kind(stage) for stage in stages] + ["outputs"]
     queued = 0  # work[:queued] is on the device's queue
@@ -173,9 +166,9 @@ def _evaluate_stages(stages: list[mx.array], arrays: tuple[Any, ...], ahead: int
 
 def _may_queue(waited: int, beyond: list[str], ahead: int) -> bool:
     """Whether stages of kinds ``beyond`` may be queued past stage ``waited``, the one waited for:
-    ``ahead`` of them, or up to ``2 x ahead`` where the rest are :data:`LIGHT`. (The probe
-    ``benchmarks/probes/step_variants.py`` replaces it with a rule per stage: ``nuvec-measured``.)"""
-    return len(beyond) <= ahead or (len(beyond) <= 2 * ahead and sum(k not in LIGHT for k in beyond) <= ahead)
+    ``ahead`` of them. (A seam: ``benchmarks/probes/step_variants.py`` tries other rules here, by the
+    kinds of the stages, ``nuvec-light-*``, or a depth per stage, ``nuvec-measured``.)"""
+    return len(beyond) <= ahead
 
 
 @contextlib.contextmanager

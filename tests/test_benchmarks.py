@@ -1129,6 +1129,17 @@ def test_per_stage_queues_past_each_stage_its_own_depth():
     assert not evaluate._may_queue(0, ["forward", "forward"], 1)  # nuvec's own rule again
 
 
+def test_light_kinds_queue_one_further_ahead_than_the_rest():
+    probe = load_probe("step_variants")
+    from nuvec_mlx import evaluate
+
+    with probe.light("forward")():
+        assert evaluate._may_queue(0, ["forward", "forward"], 1) and evaluate._may_queue(0, ["forward", "backward"], 1)
+        assert not evaluate._may_queue(0, ["backward", "backward"], 1)
+        assert not evaluate._may_queue(0, ["forward"] * 3, 1) and evaluate._may_queue(0, ["forward"] * 4, 2)
+    assert not evaluate._may_queue(0, ["forward", "forward"], 1)  # nuvec's own rule again
+
+
 @pytest.mark.slow
 def test_the_step_variants_probe_s_measured_variant_queues_as_its_step_s_timeline_allows(monkeypatch, capsys):
     probe, seen = load_probe("step_variants"), []

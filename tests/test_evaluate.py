@@ -276,11 +276,12 @@ def test_eval_ahead_queues_that_many_stages_past_the_one_it_waits_for(monkeypatc
 
 
 @pytest.mark.parametrize("ahead", [0, 1])
-def test_light_stages_are_queued_one_further_ahead_than_the_rest(monkeypatch, compiled, ahead):
-    """With forward stages light, one stage ahead queues two forward passes past the one waited for, or
-    one forward pass and one backward pass, never two backward passes; none at ahead 0."""
+def test_the_queue_rule_is_asked_with_the_kinds_of_the_stages_it_would_queue(monkeypatch, compiled, ahead):
+    """nv.eval asks evaluate._may_queue (the seam a probe replaces) with the kinds of the stages past the one
+    waited for: a rule that lets forward passes queue one further shows it (never at ahead 0)."""
     sc = checkpointed_step(blocks=3)  # stages f1 f2 f3 b3 b2 b1, then the outputs
-    monkeypatch.setattr(evaluate, "LIGHT", frozenset({"forward"}))
+    further = lambda waited, beyond, ahead: len(beyond) <= 2 * ahead and sum(k != "forward" for k in beyond) <= ahead  # noqa: E731
+    monkeypatch.setattr(evaluate, "_may_queue", further)
     events, _, _ = queued_and_waited(monkeypatch, sc, ahead)
     last_queued = []  # for each wait, the last stage queued before it
     for n, (op, _) in enumerate(events):

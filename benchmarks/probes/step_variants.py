@@ -21,7 +21,7 @@ peaks, then times), at nuvec's defaults unless said:
   tokens (the benchmark's ``nuvec-mlp-chunks``, ``nuvec-mlx-lora --mlp-chunk``), one or two stages ahead;
 - ``nuvec-light-chunk``, ``nuvec-light-forward``, ``nuvec-light-forward-update``,
   ``nuvec-light-forward-update-chunk``: one stage ahead, and one more where it is a chunk's (a block's
-  forward pass, an update: ``nuvec_mlx.evaluate.LIGHT``);
+  forward pass, an update);
 - ``nuvec-head16``, ``nuvec-head32``: the loss head in half or a quarter as many chunks, each two or four
   times larger (``nuvec_mlx.losses.HEAD_RATIO`` 16 or 32 instead of 8);
 - ``nuvec-light-forward-update-head16``: forward and update stages light, and the head in half as many chunks;
@@ -47,7 +47,8 @@ every weight trained (full) those chains grow large, and a CPU's times came out 
 full step 9.7–27.6 ms); LoRA's were steady.
 
 Private settings are patched while each step is traced (its first call), which is all that reads them,
-but for ``LIGHT``, which each evaluation reads: it is patched around every step of its variant.
+but for the queue's rule (``nuvec_mlx.evaluate._may_queue``), which each evaluation reads: it is patched
+around every step of its variant.
 Peaks are above the weights and optimizer state (MiB), after ``mx.synchronize()``, the cache cleared;
 medians (min–max) of ``--repeats``::
 
@@ -97,8 +98,13 @@ def updates_folded() -> contextlib.AbstractContextManager[Any]:
 
 
 def light(*kinds: str) -> Context:
-    """Stages of ``kinds`` queued one further ahead than the rest (``nuvec_mlx.evaluate.LIGHT``)."""
-    return lambda: mock.patch.object(evaluate, "LIGHT", frozenset(kinds))
+    """Stages of ``kinds`` queued one further ahead than the rest (``nuvec_mlx.evaluate._may_queue`` replaced):
+    up to ``2 x ahead`` past the one waited for, at most ``ahead`` of them not of ``kinds``."""
+
+    def may_queue(waited: int, beyond: list[str], ahead: int) -> bool:
+        return len(beyond) <= 2 * ahead and sum(k not in kinds for k in beyond) <= ahead
+
+    return lambda: mock.patch.object(evaluate, "_may_queue", may_queue)
 
 
 def head_ratio(ratio: int) -> Context:
