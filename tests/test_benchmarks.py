@@ -1119,6 +1119,14 @@ def test_queue_depths_queue_past_each_stage_what_fits_the_most_one_stage_ahead_h
     assert probe.queue_depths(0, kept) == [7, 6, 5, 4, 3, 2, 1, 0]
 
 
+def test_into_queues_further_than_ahead_only_into_the_kinds_it_is_given():
+    into = load_probe("step_variants").into
+    kinds = ["forward", "forward", "chunk", "backward", "update", "backward", "outputs"]
+    assert into([4, 4, 4, 3, 2, 1, 0], kinds, {"forward", "chunk"}) == [2, 1, 1, 1, 1, 1, 0]
+    assert into([4, 4, 4, 3, 2, 1, 0], kinds, {"forward", "chunk"}, ahead=2) == [2, 2, 2, 2, 2, 1, 0]
+    assert into([0, 3, 1, 0, 0, 0, 0], kinds, set()) == [0, 1, 1, 0, 0, 0, 0]  # never more than it was given
+
+
 def test_per_stage_queues_past_each_stage_its_own_depth():
     probe = load_probe("step_variants")
     from nuvec_mlx import evaluate

@@ -36,7 +36,9 @@ peaks, then times), at nuvec's defaults unless said:
   measured after its trace): past stage ``i``, as many stages as keep the memory they would hold together,
   the memory active before ``i`` plus what each of them adds at its peak, within the most that one stage
   ahead would hold anywhere in the step (:func:`queue_depths`); ``nuvec-measured-floor``: the same within
-  the peak the timeline read at 0 ahead (one ahead everywhere, more only below that).
+  the peak the timeline read at 0 ahead (one ahead everywhere, more only below that);
+  ``nuvec-measured-forward``: ``nuvec-measured-floor``, further than one ahead only into the forward pass's
+  stages (its blocks' and the loss head's chunks: :func:`into`), never into a backward pass or an update.
 
 With ``--dispatch-only N`` it measures the host's part alone, without computing a step: each variant's step
 is called ``N`` times after the call that traces it, and nothing is evaluated (nuvec's staged evaluation is
@@ -64,7 +66,7 @@ import argparse
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, NamedTuple
 from unittest import mock
 
@@ -155,11 +157,28 @@ def queue_depths(
     return [max(min(ahead, n), *(d for d in range(n + 1) if h[d] <= budget)) for h, n in zip(held, last)]
 
 
-def measured_depths(training: nv.TrainingStep, batch: Any, within: int | None = None) -> list[int]:
-    """:func:`queue_depths` of a step of ``training`` (traced already), from its timeline."""
+def into(depths: Sequence[int], kinds: Sequence[str], only: Collection[str], ahead: int = 1) -> list[int]:
+    """``depths`` cut so that past each stage no more than ``ahead`` stages are queued but of kinds ``only``:
+    the queue goes further only while the next stage is one of those."""
+    cut = []
+    for i, d in enumerate(depths):
+        e = min(ahead, d)
+        while e < d and kinds[i + e + 1] in only:
+            e += 1
+        cut.append(e)
+    return cut
+
+
+def measured_depths(
+    training: nv.TrainingStep, batch: Any, within: int | None = None, only: Collection[str] | None = None
+) -> list[int]:
+    """:func:`queue_depths` of a step of ``training`` (traced already), from its timeline; with ``only``,
+    further than ``ahead`` only into stages of those kinds (:func:`into`)."""
     with nv.memory.measure() as m, nv.memory.timeline() as t:  # m.start: the memory active before the step
         training(*batch)
-    return queue_depths(m.start, t.readings, ahead=training.ahead or 1, within=within)
+    ahead = training.ahead or 1
+    depths = queue_depths(m.start, t.readings, ahead=ahead, within=within)
+    return depths if only is None else into(depths, [r.kind for r in t.readings], only, ahead)
 
 
 def per_stage(depths: Sequence[int]) -> Context:
@@ -174,8 +193,9 @@ def per_stage(depths: Sequence[int]) -> Context:
 class Variant(NamedTuple):
     """The benchmark's strategy, what its trace runs inside, what each of its steps runs inside, the
     stages ahead (``None``: the default), whether its throttle is the peak of a step at the defaults, and
-    whether each stage's queue is measured (:func:`measured_depths`, its budget that of ``within`` ahead),
-    and what of the strategy's :class:`~nuvec_mlx_bench.train.cases.NuvecStep` it changes."""
+    whether each stage's queue is measured (:func:`measured_depths`, its budget that of ``within`` ahead,
+    further than ``ahead`` only into stages of kinds ``only`` where given), and what of the strategy's
+    :class:`~nuvec_mlx_bench.train.cases.NuvecStep` it changes."""
 
     strategy: str
     tracing: Context = contextlib.nullcontext
@@ -184,8 +204,12 @@ class Variant(NamedTuple):
     capped: bool = False
     measured: bool = False
     within: int | None = None
+    only: frozenset[str] | None = None
     changes: Mapping[str, Any] | None = None
 
+
+#: the stages of the forward pass: its blocks' and the loss head's chunks
+FORWARD_KINDS = frozenset({_marks.FORWARD, _marks.CHUNK})
 
 VARIANTS: dict[str, Variant] = {
     "mlx-lm": Variant("mlx-lm"),
@@ -213,6 +237,7 @@ VARIANTS: dict[str, Variant] = {
     "nuvec-light-capped": Variant("nuvec", running=light(_marks.FORWARD, _marks.UPDATE, _marks.CHUNK), capped=True),
     "nuvec-measured": Variant("nuvec", ahead=1, measured=True),
     "nuvec-measured-floor": Variant("nuvec", ahead=1, measured=True, within=0),
+    "nuvec-measured-forward": Variant("nuvec", ahead=1, measured=True, within=0, only=FORWARD_KINDS),
 }
 
 
@@ -303,7 +328,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
             case.training.throttle = default_peak(case.training, batch)
         running = variant.running
         if variant.measured and case.training is not None:
-            depths = measured_depths(case.training, batch, variant.within)
+            depths = measured_depths(case.training, batch, variant.within, variant.only)
             print(f"{name}: stages queued past each stage, {len(depths)} stages: {depths}")
             running = per_stage(depths)
         timed[name], parts[name] = running_inside(case.timed(batch), running), case.parts
