@@ -5,7 +5,7 @@ and mode, the fine-tuning benchmark's cases (:class:`nuvec_mlx_bench.train.cases
 round-robin in one process (:func:`nuvec_mlx_bench.core.mlx_measure.run_cases`: a warm-up step each, then
 peaks, then times), at nuvec's defaults unless said:
 
-- ``mlx-lm``, ``nuvec``, ``nuvec-unchunked``: the benchmark's strategies;
+- ``none``, ``mlx-lm``, ``nuvec``, ``nuvec-unchunked``: the benchmark's strategies (``none``: mlx-lm's step unchecked);
 - ``nuvec-head-recomputed``: ``nuvec`` with its step traced as outside nuvec's gradients, so that the
   loss head's chunks are recomputed in the backward pass (``nuvec_mlx._gradient.active`` false: how
   ``nuvec-mlx-lora`` ran them before their gradient was taken in the forward pass);
@@ -212,6 +212,7 @@ class Variant(NamedTuple):
 FORWARD_KINDS = frozenset({_marks.FORWARD, _marks.CHUNK})
 
 VARIANTS: dict[str, Variant] = {
+    "none": Variant("none"),
     "mlx-lm": Variant("mlx-lm"),
     "nuvec": Variant("nuvec"),
     "nuvec-unchunked": Variant("nuvec-unchunked"),
