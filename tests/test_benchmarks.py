@@ -980,6 +980,7 @@ TINY_STEP = ["--config", "llama", "--hidden", "32", "--layers", "1", "--vocab", 
 def test_the_step_variants_probe_measures_each_variant_against_mlx_lm_s_step(capsys):
     got = load_probe("step_variants").main(TINY_STEP)
     assert set(got) == {
+        "none",
         "mlx-lm",
         "nuvec",
         "nuvec-unchunked",
@@ -1005,6 +1006,7 @@ def test_the_step_variants_probe_measures_each_variant_against_mlx_lm_s_step(cap
         "nuvec-light-capped",
         "nuvec-measured",
         "nuvec-measured-floor",
+        "nuvec-measured-forward",
     }
     assert all(r["time"]["median"] > 0 and r["peak"]["median"] > 0 for r in got.values())
     assert "| nuvec-updates-folded |" in capsys.readouterr().out
