@@ -136,6 +136,18 @@ class _Call:
         self.starts: list[list[int]] = []  # per chunk, where its part of each concatenated output starts
         self.graph: list[mx.array] = []
 
+    def checkpointed(self) -> list[mx.array]:
+        """``fn`` over ``xs`` in chunks, each checkpointed and staged."""
+        if not self.diff:
+            return self._combine([self.run(self.xs, c) for c in range(len(self.chunks))]) if self.chunks else []
+        chunked = mx.custom_function(self.forward)
+        chunked.vjp(self.backward)
+        chunked.jvp(self.jvp)
+        chunked.vmap(self.vmap)
+        # mx.custom_function's __call__ is typed object; it returns what self.forward returns, a list of arrays.
+        out = list(cast(list[mx.array], chunked(self.xs)))
+        return out if self.captured == "constant" else _depends.also_into(out, self.graph)
+
     def part(self, xs: Sequence[mx.array], c: int) -> list[mx.array]:
         """Chunk ``c``'s inputs cut from ``xs``: a slice of those split along the axis, the others whole."""
         return [x if a is None else _take(x, a, self.chunks[c]) for x, a in zip(xs, self.axes, strict=True)]
@@ -285,7 +297,7 @@ class _Call:
         keys = iter(self.keys)
         with _random.drawing_from(next(keys)):
             size = self.chunks[0].stop - self.chunks[0].start
-            out = _checkpointed(fn, xs, split, size, out_axes, self.captured, self.lazy_in_recompute)
+            out = _Call(fn, xs, split, size, out_axes, self.captured, self.lazy_in_recompute).checkpointed()
         return out, [0] * len(out)
 
 
@@ -317,28 +329,6 @@ _SECOND_ORDER = (
     "chunks support first derivatives only; take the inner gradient with mx.grad or nn.value_and_grad, which "
     "recompute the chunks in the backward pass"
 )
-
-
-def _checkpointed(
-    fn: FlatChunkFn,
-    xs: list[mx.array],
-    axes: list[int | None],
-    size: int,
-    out_axes: int | str | Sequence[int | str],
-    captured: str,
-    lazy_in_recompute: bool = False,
-) -> list[mx.array]:
-    """``fn`` over ``xs`` in chunks, each checkpointed and staged."""
-    call = _Call(fn, xs, axes, size, out_axes, captured, lazy_in_recompute)
-    if not call.diff:
-        return call._combine([call.run(xs, c) for c in range(len(call.chunks))]) if call.chunks else []
-    chunked = mx.custom_function(call.forward)
-    chunked.vjp(call.backward)
-    chunked.jvp(call.jvp)
-    chunked.vmap(call.vmap)
-    # mx.custom_function's __call__ is typed object; it returns what call.forward returns, a list of arrays.
-    out = list(cast(list[mx.array], chunked(xs)))
-    return out if captured == "constant" else _depends.also_into(out, call.graph)
 
 
 def _check_axes(spec: object, name: str) -> None:
@@ -458,7 +448,7 @@ def checkpoint_chunks(
                         _slice.reset(token)
 
                 xs = _validate.check_array_list(xs, "xs")
-                return _checkpointed(one, xs, full, size, out_axes, captured, lazy_in_recompute)
+                return _Call(one, xs, full, size, out_axes, captured, lazy_in_recompute).checkpointed()
 
             return run
 
