@@ -146,7 +146,6 @@ def staged(
         raise
 
 
-#: Kinds of stage queued ahead without counting against ``ahead``, up to ``ahead`` of them more:
 def _evaluate_stages(stages: list[mx.array], arrays: tuple[Any, ...], ahead: int, synchronize: bool) -> None:
     """Evaluate ``stages`` one by one, then ``arrays``, with up to ``ahead`` of them queued past the one
     waited for (as :func:`_may_queue` allows); with ``synchronize``, :func:`mlx.core.synchronize` after each stage."""
