@@ -25,7 +25,8 @@
 #               head's chunks recomputed, with every update folded into the next stage, two stages ahead, the
 #               head recomputed and two ahead, the MLP in chunks (PROBE_ARGS="--mlp-chunk 1024" to size
 #               them) at one and two ahead, light stages queued further, the head in fewer chunks, deeper
-#               queues under MLX's memory limit (-capped), each stage's queue from a timeline (nuvec-measured);
+#               queues under MLX's memory limit (-capped), each stage's queue from a timeline (nuvec-measured*),
+#               and the step unchecked (none);
 #               PROBE_ARGS="--variants a,b" picks variants, STEP_RUNS (lines "config mode") the runs
 #   probe-timeline
 #               benchmarks/probes/train_timeline.py: the memory after and the peak during every stage of one
