@@ -342,8 +342,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     print("| variant | peak | time | time / mlx-lm's | dispatch (s) | evaluation (s) |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, m in measured.items():
-        parts = m.get("parts", {})
-        split = [f"{parts[k]['median']:.4f}" if k in parts else "" for k in ("dispatch", "evaluation")]
+        halves = m.get("parts", {})  # the step's dispatch and evaluation, where its case times them apart
+        split = [f"{halves[k]['median']:.4f}" if k in halves else "" for k in ("dispatch", "evaluation")]
         print(
             f"| {name} | {spread(m['peak'], 2**-20, 0)} | {spread(m['time'], 1, 4)} | "
             f"{m['time']['median'] / base['time']['median']:.3f} | {split[0]} | {split[1]} |",
