@@ -53,10 +53,12 @@ class Plan:
         start: active memory at the step's start (weights, optimizer state, batch), bytes.
         margin: what the prediction added for the spread between repeats, bytes.
         unchecked: the peak measured with no block checkpointed, bytes.
-        smallest: the smallest peak any plan reaches, bytes: the least plan's
-            predicted peak, or its peak measured as the step runs where that
-            is higher (on CUDA, MLX frees a stage's buffers after
-            :func:`nuvec_mlx.eval` has gone on to the next one).
+        smallest: the smallest budget a plan is predicted to meet, bytes: the
+            least plan's predicted peak, or its peak measured as the step runs
+            where that is higher (on CUDA, MLX frees a stage's buffers after
+            :func:`nuvec_mlx.eval` has gone on to the next one), plus the most
+            the same step's peak varied between repeats (measured once, the
+            least plan's step may peak that much higher when run again).
         seconds: the measured step's time with the plan applied.
         recompute: the predicted recompute seconds per step.
         measured_peak_at, predicted_peak_at: the stage where the step peaked, in words.

@@ -357,7 +357,7 @@ class Planner:
             start=start,
             margin=last.margin,
             unchecked=highest(self.unchecked).peak,
-            smallest=max(start + least.choice.peak + self.jitter(), least.reading.peak),
+            smallest=max(start + least.choice.peak, least.reading.peak) + self.jitter(),
             seconds=reading.seconds,
             recompute=choice.cost,
             measured_peak_at=_stage_name(
