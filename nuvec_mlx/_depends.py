@@ -16,7 +16,7 @@ the inputs' cotangents, tangents and batch axes through unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import mlx.core as mx
@@ -78,6 +78,40 @@ def depends(inputs: Sequence[mx.array], dependencies: Sequence[mx.array]) -> lis
         return list(inputs)
     # mx.custom_function's __call__ is typed object; it returns what _depend returns, a list of arrays.
     return list(cast(list[mx.array], _depend(list(inputs), list(dependencies))))
+
+
+def floating(arrays: Sequence[mx.array]) -> list[int]:
+    """The positions of ``arrays`` with a floating-point dtype: the only ones a derivative flows through."""
+    return [i for i, x in enumerate(arrays) if mx.issubdtype(x.dtype, mx.inexact)]
+
+
+def depends_floating(inputs: Sequence[mx.array], dependencies: Sequence[mx.array]) -> list[mx.array]:
+    """:func:`depends` for the floating-point ``inputs``; the others (integer indices) pass as they are.
+
+    Read through a dependency, an integer array would be on a derivative's path, and MLX refuses a
+    derivative with respect to indices (a gather's, a scatter's) in a jvp or a second derivative. It
+    needs no ordering: it exists before the step, and what reads it reads floating inputs too.
+    """
+    out = list(inputs)
+    positions = floating(inputs)
+    for i, x in zip(positions, depends([inputs[i] for i in positions], dependencies)):
+        out[i] = x
+    return out
+
+
+def jvp_floating(fn: Callable[..., Sequence[mx.array]], primals: Sequence[mx.array], tangents: Sequence) -> list:
+    """The tangents of ``fn(*primals)`` for ``tangents`` (``None``: zero) of its floating-point primals only:
+    :func:`mlx.core.jvp` over integer primals asks their gathers for a derivative with respect to indices."""
+    positions = floating(primals)
+
+    def of_floating(*xs: mx.array) -> Sequence[mx.array]:
+        full = list(primals)
+        for i, x in zip(positions, xs):
+            full[i] = x
+        return fn(*full)
+
+    filled = [mx.zeros_like(primals[i]) if tangents[i] is None else tangents[i] for i in positions]
+    return list(mx.jvp(of_floating, [primals[i] for i in positions], filled)[1])
 
 
 @mx.custom_function

@@ -88,6 +88,27 @@ def leaves(tree: Any) -> list[Any]:
     return [v for _, v in flatten(tree, is_leaf=_is_module)]
 
 
+def signature(tree: Any) -> tuple:
+    """What :func:`mlx.core.compile` traces a call of ``tree`` again for: its arrays' shapes and dtypes, its
+    other leaves' values (by identity where they have no hash), and where they are in the tree.
+
+    Example:
+        >>> signature(([mx.zeros((2, 3))], {"train": True}))
+        (('0.0', (2, 3), mlx.core.float32), ('1.train', <class 'bool'>, True))
+    """
+    out: list[tuple] = []
+    for path, leaf in flatten(tree, is_leaf=_is_module):
+        if isinstance(leaf, mx.array):
+            out.append((path, tuple(leaf.shape), leaf.dtype))
+        else:
+            try:
+                hash(leaf)
+                out.append((path, type(leaf), leaf))
+            except TypeError:
+                out.append((path, type(leaf), id(leaf)))
+    return tuple(out)
+
+
 def _rebuild(template: Any, leaves: list[Any]) -> Any:
     it = iter(leaves)
     return tree_map(lambda _: next(it), template, is_leaf=_is_module)

@@ -130,7 +130,7 @@ class _Call:
             return zeros
         # Read through the cotangents: the recomputation, its random draws
         # included, waits for the backward pass to reach this block.
-        primals = _depends.depends(primals, list(cotangents))
+        primals = _depends.depends_floating(primals, list(cotangents))
         # A local, not an attribute: the key depends on the cotangents, whose graph
         # reaches this custom function and its rules (bound to self). Kept on self,
         # that cycle runs through MLX's graph, which the garbage collector cannot
@@ -148,9 +148,8 @@ class _Call:
 
     def jvp(self, primals: list[mx.array], tangents: list[mx.array | None]) -> list[mx.array]:
         """Forward mode needs no checkpoint: the tangents of ``fn``, with the forward's draws."""
-        filled = [mx.zeros_like(p) if t is None else t for p, t in zip(primals, tangents)]
         with _random.drawing_from(self.key):
-            return mx.jvp(lambda *xs: self.run(xs), primals, filled)[1]
+            return _depends.jvp_floating(lambda *xs: self.run(xs), primals, tangents)
 
     def vmap(self, xs: list[mx.array], axes: list[int | None]) -> tuple[list[mx.array], list[int]]:
         """The batched function, checkpointed in turn, with the forward's draws."""

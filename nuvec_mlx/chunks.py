@@ -56,10 +56,13 @@ def _take(x: mx.array, axis: int, bounds: slice) -> mx.array:
 
 class _Sums:
     """The gradients of a chunked call's wanted inputs, chunk by chunk: the pieces of the inputs split along
-    the axis, and running sums for the inputs read whole (a weight's gradient summed as the chunks go)."""
+    the axis, and running sums for the inputs read whole (a weight's gradient summed as the chunks go).
 
-    def __init__(self, wanted: list[int], axes: list[int | None]):
-        self.wanted, self.axes = wanted, axes
+    The sums are kept in float32 whatever the inputs' dtype, and cast back to it once, at the end: summed
+    in bfloat16, each chunk's addition would round, and the error would grow with the number of chunks."""
+
+    def __init__(self, wanted: list[int], axes: list[int | None], dtypes: list[mx.Dtype]):
+        self.wanted, self.axes, self.dtypes = wanted, axes, dtypes
         self.pieces: dict[int, list[mx.array]] = {i: [] for i in wanted if axes[i] is not None}
         self.summed: dict[int, mx.array] = {}
 
@@ -71,6 +74,7 @@ class _Sums:
             if i in self.pieces:
                 self.pieces[i].append(g)
             else:
+                g = _widened(g)
                 self.summed[i] = g if i not in self.summed else self.summed[i] + g
         latest = [self.pieces[i][-1] if i in self.pieces else self.summed[i] for i in self.wanted]
         done = _marks.finished(latest, _marks.CHUNK)
@@ -88,8 +92,17 @@ class _Sums:
         for i in self.wanted:
             axis = self.axes[i]
             parts = self.pieces.get(i, [])
-            out.append(self.summed[i] if axis is None else mx.concatenate(parts[::-1] if reverse else parts, axis=axis))
+            if axis is None:
+                out.append(self.summed[i].astype(self.dtypes[i]))
+            else:
+                out.append(mx.concatenate(parts[::-1] if reverse else parts, axis=axis))
         return out
+
+
+def _widened(g: mx.array) -> mx.array:
+    """``g`` in float32 if it is a narrower float (a running sum's dtype), else as it is."""
+    narrow = g.dtype in (mx.float16, mx.bfloat16)
+    return g.astype(mx.float32) if narrow else g
 
 
 class _Call:
@@ -163,6 +176,11 @@ class _Call:
         stopped = [mx.stop_gradient(x) for x in xs]
         self.keys.append(_random.key())
         first = self.run(stopped, 0)
+        if not first:  # MLX 0.32 crashes (segmentation fault) on a custom function of no outputs here
+            raise ValueError(
+                f"checkpoint_chunks: fn ({_validate.name_of(self.fn)}) returned no array: it must return an "
+                "array, or a list, tuple or dict of arrays, whose chunks are concatenated or summed"
+            )
         self.out_axes = self._out_axes(first)
         if _gradient.active() and self.wanted and self.out_axes == [SUM] and first[0].ndim == 0:
             # first is dropped unevaluated: chunk 0 runs again with its gradient
@@ -194,12 +212,12 @@ class _Call:
         go (a stage holds the sum so far).
         """
         total: mx.array | None = None
-        sums = _Sums(self.wanted, self.axes)
+        sums = _Sums(self.wanted, self.axes, [x.dtype for x in self.xs])
         after: list[mx.array] = []  # what the next chunk waits for
         for c in range(len(self.chunks)):
             if c:
                 self.keys.append(_random.key())
-            xs = _depends.depends(stopped, after) if after else stopped
+            xs = _depends.depends_floating(stopped, after) if after else stopped
             part = self.part(xs, c)
 
             def value(*wanted: mx.array, part: list[mx.array] = part, c: int = c) -> list[mx.array]:
@@ -260,10 +278,10 @@ class _Call:
             guarded = cast(list[mx.array], _first_order(scaled, [primals[i] for i in self.wanted]))
             return _pytree.substitute(zeros, self.wanted, guarded)
         cotangents = list(cotangents)
-        sums = _Sums(self.wanted, self.axes)
+        sums = _Sums(self.wanted, self.axes, [x.dtype for x in self.xs])
         after = cotangents  # what the next chunk's recomputation waits for
         for c in reversed(range(len(self.chunks))):
-            xs = _depends.depends(primals, after)
+            xs = _depends.depends_floating(primals, after)
             key = _depends.depends([self.keys[c]], after)[0]
             part = self.part(xs, c)
 
@@ -276,11 +294,10 @@ class _Call:
 
     def jvp(self, primals: list[mx.array], tangents: list[mx.array | None]) -> list[mx.array]:
         """Forward mode needs no checkpoint: the tangents chunk by chunk, with the forward's draws."""
-        filled = [mx.zeros_like(p) if t is None else t for p, t in zip(primals, tangents, strict=True)]
         outs = []
         for c in range(len(self.chunks)):
             with _random.drawing_from(self.keys[c]):
-                outs.append(mx.jvp(lambda *xs, c=c: self.run(xs, c), primals, filled)[1])
+                outs.append(_depends.jvp_floating(lambda *xs, c=c: self.run(xs, c), primals, tangents))
         return self._combine(outs)
 
     def vmap(self, xs: list[mx.array], axes: list[int | None]) -> tuple[list[mx.array], list[int]]:
@@ -447,6 +464,7 @@ def checkpoint_chunks(
                     finally:
                         _slice.reset(token)
 
+                one.__name__ = one.__qualname__ = _validate.name_of(fn)  # for messages about fn
                 xs = _validate.check_array_list(xs, "xs")
                 return _Call(one, xs, full, size, out_axes, captured, lazy_in_recompute).checkpointed()
 

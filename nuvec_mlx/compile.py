@@ -54,13 +54,14 @@ class Compiled:
         _validate.check_callable(fn, "fn")
         _validate.check_bool(shapeless, "shapeless")
         functools.update_wrapper(self, fn)
-        self._outputs = outputs
+        self._inputs, self._outputs = inputs, outputs
         # What MLX compiles must not refer back to self: a reference cycle
         # would keep the step (and what its function captures) alive until the
         # garbage collector runs, instead of until its last reference goes.
         self._trace = _Trace(fn)
         self._compile = functools.partial(mx.compile, inputs=inputs, outputs=outputs, shapeless=shapeless)
         self._compiled = self._compile(self._trace)
+        self._signatures: set[tuple] = set()  # of the calls run since the trace (_pytree.signature)
 
     @property
     def traces(self) -> int:
@@ -68,9 +69,18 @@ class Compiled:
         return self._trace.count
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # Under a ceiling, an evaluation stopped part-way puts the state back.
-        undo = self._snapshot() if _ceiling.current() is not None else None
-        out, stages = self.call_staged(*args, **kwargs)
+        # A call that traces (the first, or one with new shapes) and raises leaves MLX's placeholders in
+        # the state it reads: it puts the state back. Under a ceiling, an evaluation stopped part-way too.
+        signature = _pytree.signature((args, kwargs))
+        fresh = signature not in self._signatures
+        undo = self._snapshot() if fresh or _ceiling.current() is not None else None
+        try:
+            out, stages = self.call_staged(*args, **kwargs)
+        except BaseException:
+            if undo is not None:
+                undo()
+            raise
+        self._signatures.add(signature)
         results = _pytree.arrays([out, self._outputs])
         _registry.hand_on(results, stages, undo)
         return out
@@ -83,10 +93,10 @@ class Compiled:
             return self._compiled(*args, **kwargs)
 
     def _snapshot(self) -> Callable[[], None]:
-        """What puts the ``outputs`` state back as it is now, the state the step's staged updates
+        """What puts the ``inputs`` and ``outputs`` state back as it is now, the state the step's staged updates
         create (an optimizer's first moments) removed and their optimizers set to fill it in again;
         the next call then traces afresh."""
-        put_back, trace, me = _pytree.snapshot(self._outputs), self._trace, weakref.ref(self)
+        put_back, trace, me = _pytree.snapshot([self._inputs, self._outputs]), self._trace, weakref.ref(self)
 
         def undo() -> None:
             put_back()
@@ -107,6 +117,7 @@ class Compiled:
         self._trace = _Trace(self._trace.fn)
         self._trace.count = count
         self._compiled = self._compile(self._trace)  # MLX drops the old traces with the old function
+        self._signatures.clear()
 
 
 def compile(

@@ -101,7 +101,15 @@ def value_and_grad(model: nn.Module, fn: Callable) -> Callable[..., tuple[Any, A
     """
     _validate.check_module(model, "model")
     _validate.check_callable(fn, "fn")
-    vg = nn.value_and_grad(model, fn)
+
+    @functools.wraps(fn)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        value = fn(*args, **kwargs)
+        # As nn.value_and_grad takes it: the loss, or a tuple or list whose first item is the loss.
+        _validate.check_scalar(value[0] if isinstance(value, (tuple, list)) and value else value, fn)
+        return value
+
+    vg = nn.value_and_grad(model, checked)
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> tuple[Any, Any]:

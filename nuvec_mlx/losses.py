@@ -105,6 +105,14 @@ def cross_entropy(
     for value, name, ndim in ((hidden, "hidden", 3), (targets, "targets", 2)):
         if not isinstance(value, mx.array) or value.ndim != ndim:
             raise TypeError(f"{name} must be an mlx.core.array of {ndim} dimensions, got {_validate.describe(value)}")
+    if mx.issubdtype(targets.dtype, mx.inexact) or targets.dtype == mx.bool_:
+        raise TypeError(f"targets must be an array of integer token ids, got dtype {targets.dtype}")
+    if targets.shape != hidden.shape[:2]:
+        raise ValueError(
+            f"targets must have hidden's batch and tokens {tuple(hidden.shape[:2])}, got shape {tuple(targets.shape)}"
+        )
+    if hidden.shape[1] == 0:
+        raise ValueError("hidden must hold at least one token, got a sequence of 0 tokens")
     if weights is not None and (not isinstance(weights, mx.array) or weights.shape != targets.shape):
         raise ValueError(
             f"weights must be None or an array of targets' shape {targets.shape}, got {_validate.describe(weights)}"

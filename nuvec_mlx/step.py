@@ -154,15 +154,14 @@ class TrainingStep:
         if optimizer is None and accumulate != 1:
             raise ValueError(f"accumulate must be 1 without an optimizer (nothing to update), got {accumulate}")
         self.average_gradients = _validate.check_bool(average_gradients, "average_gradients")
-        self.state: list[Any] = [model.state, mx.random.state]
-        if optimizer is not None:
-            self.state.insert(1, optimizer.state)
+        self.state: list[Any] = self._current_state()
         self.calls = 0  # steps run: the optimizer updates on every accumulate-th
         #: The last call's seconds building and dispatching the step (the host's part) and evaluating it.
         self.dispatch_seconds = self.evaluation_seconds = 0.0
         self._grad: Any = None  # the gradients summed since the last update
         self._traced: Callable[..., tuple[Any, list[mx.array]]] | None = None
         self._changes = -1  # nv_nn.changes() when traced
+        self._signatures: set[tuple] = set()  # of the calls run since the trace (_pytree.signature)
 
     def replace(self, **settings: Any) -> TrainingStep:
         """A new step of the same model, loss and optimizer, with ``settings`` changed.
@@ -187,11 +186,18 @@ class TrainingStep:
         """Run one step on ``batch`` (``loss_fn``'s arguments after the model) and return the loss, evaluated."""
         begin = time.perf_counter()
         do_update = (self.calls + 1) % self.accumulate == 0
-        # Under a ceiling, a step stopped part-way puts the state back as it was before the call: also
-        # before a first trace makes the optimizer's state.
-        undo = self.snapshot() if _ceiling.current() is not None else None
-        traced = self._trace()
-        (value, grad), stages = traced(batch, kwargs, self._grad, do_update)
+        args = (batch, kwargs, self._grad, do_update)
+        fresh = self._retracing() or _pytree.signature(args) not in self._signatures
+        # A call that traces (the first, or one with new shapes), or one under a ceiling, may stop
+        # part-way: it puts the state back as it was before the call, also before a first trace makes
+        # the optimizer's state. (A trace that raises leaves MLX's placeholders in the state.)
+        undo = self.snapshot() if fresh or _ceiling.current() is not None else None
+        try:
+            (value, grad), stages = self._trace()(*args)
+        except BaseException:
+            if undo is not None:
+                undo()
+            raise
         outputs = [value] if self.optimizer is not None else [value, grad]
         dispatched = time.perf_counter()
         evaluate.staged(
@@ -203,15 +209,25 @@ class TrainingStep:
             undos=[undo] if undo is not None else [],
         )
         self.dispatch_seconds, self.evaluation_seconds = dispatched - begin, time.perf_counter() - dispatched
+        self._signatures.add(_pytree.signature(args))
         self.calls += 1
         if self.optimizer is None:
             return value, grad
         self._grad = grad
         return value
 
+    def _current_state(self) -> list[Any]:
+        """The containers of the step's state now: the model's, the optimizer's, the random key's."""
+        optimizer = [] if self.optimizer is None else [self.optimizer.state]
+        return [self.model.state, *optimizer, mx.random.state]
+
     def _trace(self) -> Callable[..., tuple[Any, list[mx.array]]]:
-        """The step's function, traced again if a block's checkpointing changed since."""
-        if self._traced is None or self._changes != nv_nn.changes():
+        """The step's function, traced again if a block's checkpointing changed since, or if the
+        optimizer's state was replaced (``optimizer.state = saved``, as a resumed run sets it): the
+        compiled step reads and writes the containers it was traced with."""
+        if self._retracing():
+            self.state = self._current_state()
+            self._signatures.clear()
             if self.optimizer is not None:  # its state exists before the step: a ceiling can put it back
                 self.optimizer.init(self.model.trainable_parameters())
             self._changes = nv_nn.changes()
@@ -220,7 +236,16 @@ class TrainingStep:
                 self._traced = Compiled(body, inputs=self.state, outputs=self.state).call_staged
             else:
                 self._traced = body.staged
+        assert self._traced is not None  # made above when there was none
         return self._traced
+
+    def _retracing(self) -> bool:
+        """Whether the next call traces the step afresh (see :meth:`_trace`)."""
+        return self._traced is None or self._changes != nv_nn.changes() or self._replaced()
+
+    def _replaced(self) -> bool:
+        """Whether the optimizer holds other state containers than the step's (a resumed run set them)."""
+        return self.optimizer is not None and _containers(self.optimizer.state) != _containers(self.state[1])
 
     def snapshot(self) -> Callable[[], None]:
         """What puts the model, the optimizer's state and the random key back as they are now.
@@ -257,6 +282,15 @@ class TrainingStep:
             f"ahead={self.ahead}, synchronize={self.synchronize}, throttle={self.throttle}, "
             f"accumulate={self.accumulate})"
         )
+
+
+def _containers(state: Any) -> list[int]:
+    """The identities of the dicts that hold an optimizer's ``state`` (one, or a ``MultiOptimizer``'s,
+    whose ``state`` is a new dict of its optimizers' states at each read)."""
+    states = state.get("states") if isinstance(state, dict) and set(state) == {"states"} else None
+    if isinstance(states, list):
+        return [i for s in states for i in _containers(s)]
+    return [id(state)]
 
 
 class _Body:

@@ -1,4 +1,5 @@
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 
 import nuvec_mlx as nv
@@ -58,3 +59,23 @@ def test_a_compiled_step_and_what_its_function_captures_go_with_its_last_referen
         assert nv.memory.stats().active - before < 4096, "the step and its capture outlived their last reference"
     finally:
         gc.enable()
+
+
+def test_a_first_call_that_raises_puts_the_state_it_reads_back(compiled):
+    """mx.compile leaves its placeholders in the state of a trace that raises: any later use of the model
+    raised 'Attempting to eval an array without a primitive'."""
+    model = nn.Linear(4, 4)
+    mx.eval(model.parameters())
+    before = model.weight
+    state = [model.state]
+
+    @nv.compile(inputs=state, outputs=state)
+    def step(x):
+        if x.ndim != 2:
+            raise ValueError("a batch of rows")
+        return model(x).sum()
+
+    with pytest.raises(ValueError, match="a batch of rows"):
+        step(mx.ones((4,)))
+    assert model.weight is before
+    assert step(mx.ones((2, 4))).item() == model(mx.ones((2, 4))).sum().item()

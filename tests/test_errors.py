@@ -513,6 +513,13 @@ CATALOGUE = [
     ),
     # checkpoint_chunks
     (
+        "checkpoint_chunks: fn returns no array",
+        lambda: nv.checkpoint_chunks(lambda x: None, size=1)(a[None]),
+        ValueError,
+        r"^checkpoint_chunks: fn \(<lambda>.<locals>.<lambda>\) returned no array: it must return an array, or a list, tuple or dict "
+        r"of arrays, whose chunks are concatenated or summed$",
+    ),
+    (
         "checkpoint_chunks: size zero",
         lambda: nv.checkpoint_chunks(total, size=0),
         ValueError,
@@ -623,6 +630,24 @@ CATALOGUE = [
         r"^chunk must be >= 1, got 0$",
     ),
     (
+        "losses.cross_entropy: float targets",
+        lambda: nv.losses.cross_entropy(LINEAR, mx.ones((1, 1, 2)), mx.ones((1, 1))),
+        TypeError,
+        r"^targets must be an array of integer token ids, got dtype mlx.core.float32$",
+    ),
+    (
+        "losses.cross_entropy: targets of another length",
+        lambda: nv.losses.cross_entropy(LINEAR, mx.ones((1, 2, 2)), i[None]),
+        ValueError,
+        r"^targets must have hidden's batch and tokens \(1, 2\), got shape \(1, 1\)$",
+    ),
+    (
+        "losses.cross_entropy: no token",
+        lambda: nv.losses.cross_entropy(LINEAR, mx.ones((1, 0, 2)), mx.ones((1, 0), dtype=mx.int32)),
+        ValueError,
+        r"^hidden must hold at least one token, got a sequence of 0 tokens$",
+    ),
+    (
         "losses.head_chunk: vocabulary zero",
         lambda: nv.losses.head_chunk(8, 4, 0),
         ValueError,
@@ -646,6 +671,12 @@ CATALOGUE = [
         lambda: nv.TrainingStep(total, total),
         TypeError,
         r"^model must be an mlx.nn.Module, got function$",
+    ),
+    (
+        "TrainingStep: the loss not a scalar",
+        lambda: nv.TrainingStep(LINEAR, lambda m, x: m(x), optim.SGD(0.1))(mx.ones((1, 2))),
+        ValueError,
+        r"^loss \(<lambda>.<locals>.<lambda>\) must return a scalar \(shape \(\)\), got an array of shape \(1, 2\)$",
     ),
     (
         "TrainingStep: loss_fn not callable",

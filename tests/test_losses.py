@@ -181,3 +181,51 @@ def test_a_compiled_chunked_head_keeps_no_chunk_of_logits_between_chunks(compile
         nv.eval(step([h]))
     after_gradients = [r.active - start for r in t.readings[1:-1:2]]  # each chunk's value stage, then its gradient's
     assert len(after_gradients) == 4 and max(after_gradients) < 4 << 20, after_gradients
+
+
+def test_a_head_that_reads_a_weight_taken_from_the_parameters_differentiates_it_as_unchunked():
+    """The targets, integer, never pass through the chunks' ordering dependency: read through it, they were on
+    the gradient's path and MLX refused a gather's derivative with respect to indices."""
+    head, h, y, _ = head_data()
+
+    def loss(m, h, chunk):
+        weight = m.weight  # read inside the loss: captured by the head, not an input of the chunks
+        return nv.losses.cross_entropy(lambda z: z @ weight.T, h, y, chunk=chunk)
+
+    for value_and_grad in (nv.value_and_grad, nn.value_and_grad):
+        value, grads = value_and_grad(head, loss)(head, h, 8)
+        nv.eval(value, grads)
+        expected_value, expected = nn.value_and_grad(head, loss)(head, h, h.shape[1])
+        assert_close(value, expected_value, 1e-6)
+        assert_close(grads["weight"], expected["weight"], 1e-5)
+
+
+def test_forward_mode_and_second_derivatives_go_through_a_chunked_cross_entropy():
+    head, h, y, _ = head_data()
+    tangent = mx.random.normal(h.shape)
+
+    def chunked(h):
+        return nv.losses.cross_entropy(head, h, y, chunk=8)
+
+    def plain(h):
+        return nn.losses.cross_entropy(head(h), y).astype(mx.float32).mean()
+
+    assert_close(mx.jvp(chunked, [h], [tangent])[1][0], mx.jvp(plain, [h], [tangent])[1][0], 1e-5)
+    # A second derivative: of the squared norm of the first (MLX has none of cross-entropy's own gather).
+    second = [mx.grad(lambda h, f=f: (mx.grad(f)(h) ** 2).sum())(h) for f in (chunked, plain)]
+    assert_close(second[0], second[1], 1e-4)
+
+
+@pytest.mark.parametrize(
+    "hidden, targets, error, match",
+    [
+        (mx.zeros((2, 0, 16)), mx.zeros((2, 0), dtype=mx.int32), ValueError, "at least one token"),
+        (mx.zeros((2, 4, 16)), mx.zeros((2, 4)), TypeError, "integer token ids"),
+        (mx.zeros((2, 4, 16)), mx.zeros((2, 5), dtype=mx.int32), ValueError, "batch and tokens"),
+    ],
+    ids=["no-token", "float-targets", "other-length"],
+)
+def test_cross_entropy_says_what_is_wrong_with_its_inputs_before_it_runs(hidden, targets, error, match):
+    head = nn.Linear(16, VOCAB)
+    with pytest.raises(error, match=match):
+        nv.losses.cross_entropy(head, hidden, targets, chunk=2)

@@ -7,7 +7,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import pytest
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_unflatten
 
 import nuvec_mlx as nv
 from nuvec_mlx import evaluate
@@ -171,3 +171,78 @@ def test_a_snapshot_puts_the_model_optimizer_and_random_key_back():
     assert all(a is b for a, b in zip(parameters(model), before[0], strict=True))
     assert all(a is b for a, b in zip([v for _, v in tree_flatten(step.optimizer.state)], before[1], strict=True))
     assert step(x, y).item() == first.item()  # the same draws, from the same weights and moments
+
+
+def _saved(tree):
+    """Copies of ``tree``'s arrays by path, as a run saves them (``mx.save_safetensors`` and back)."""
+    flat = tree_flatten(tree)
+    mx.eval([v for _, v in flat])
+    return [(k, mx.array(v)) for k, v in flat]
+
+
+@pytest.mark.parametrize("multi", [False, True], ids=["Adam", "MultiOptimizer"])
+@pytest.mark.parametrize("compiled_step", [True, False], ids=["compiled", "eager"])
+def test_a_run_resumed_the_mlx_way_trains_as_the_uninterrupted_run_bitwise(compiled, compiled_step, multi):
+    """Weights put back with model.update and the optimizer's state with its setter (as mlx-lm resumes), the
+    same step goes on from them: before, a compiled step kept the state it was built with."""
+
+    def run(resume_after: int | None):
+        model, x, y = case()
+        nv.checkpoint_layers(model, policy=None)
+        if multi:
+            optimizer = optim.MultiOptimizer([optim.Adam(1e-2), optim.SGD(1e-2)], [lambda path, _: "bias" in path])
+        else:
+            optimizer = optim.Adam(1e-2)
+        step = nv.TrainingStep(model, loss_fn, optimizer, compile=compiled_step)
+        losses = [step(x, y).item() for _ in range(2)]
+        if resume_after is not None:
+            weights, state = _saved(model.parameters()), _saved(optimizer.state)
+            for _ in range(resume_after):  # the run goes on, then stops; the saved one is resumed
+                step(x, y)
+            model.update(tree_unflatten(weights))
+            optimizer.state = tree_unflatten(state)
+        losses += [step(x, y).item() for _ in range(3)]
+        return losses, parameters(model), [v for _, v in tree_flatten(optimizer.state)]
+
+    expected, resumed = run(None), run(2)
+    assert resumed[0] == expected[0]
+    for a, b in zip(resumed[1] + resumed[2], expected[1] + expected[2], strict=True):
+        assert mx.array_equal(a, b).item()
+
+
+def _wrong_type_batch(model, x, y):
+    return loss_fn(model, x, "not an array")
+
+
+def _raising(model, x, y):
+    raise RuntimeError("the loss failed")
+
+
+def _not_a_scalar(model, x, y):
+    return (model(x) - y) ** 2
+
+
+@pytest.mark.parametrize("loss", [_raising, _wrong_type_batch, _not_a_scalar], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("compiled_step", [True, False], ids=["compiled", "eager"])
+def test_a_first_call_that_raises_leaves_the_model_optimizer_and_random_key_as_they_were(compiled, compiled_step, loss):
+    """A trace that raises inside mx.compile left MLX's placeholders in the model (an array without a
+    primitive: any later use raised), and the optimizer's first moments made."""
+    model, x, y = case()
+    nv.checkpoint_layers(model, policy=None)
+    optimizer = optim.Adam(1e-2)
+    before, key = parameters(model), mx.random.state[0]
+    step = nv.TrainingStep(model, loss, optimizer, compile=compiled_step)
+    with pytest.raises((RuntimeError, TypeError, ValueError)):
+        step(x, y)
+    assert all(a is b for a, b in zip(parameters(model), before, strict=True))
+    mx.eval(parameters(model))  # placeholders would raise here
+    assert set(optimizer.state) == {"step", "learning_rate"}
+    assert mx.random.state[0] is key
+    assert nv.TrainingStep(model, loss_fn, optimizer, compile=compiled_step)(x, y).item() > 0  # trains on
+
+
+def test_a_loss_that_is_not_a_scalar_says_so():
+    model, x, y = case()
+    step = nv.TrainingStep(model, _not_a_scalar, optim.SGD(1e-2))
+    with pytest.raises(ValueError, match=r"loss \(_not_a_scalar\) must return a scalar"):
+        step(x, y)
