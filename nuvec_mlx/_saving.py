@@ -35,7 +35,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
-from . import _capture, _marks, _pytree, _validate
+from . import _calls, _capture, _marks, _pytree, _validate
 
 MATMUL, NAME = "matmul", "name"
 
@@ -194,7 +194,7 @@ def offering_calls(fn: Callable, name: str) -> Callable:
     def call(*args: Any, **kwargs: Any) -> Any:
         if _active.get() is None:
             return fn(*args, **kwargs)
-        return _pytree.call_flat(offering, fn, args, kwargs)
+        return _calls.call_flat(offering, fn, args, kwargs)
 
     return call
 

@@ -32,6 +32,7 @@ import mlx.core as mx
 
 from . import (
     _attention,
+    _calls,
     _constants,
     _depends,
     _gradient,
@@ -321,6 +322,6 @@ def checkpoint(
 
     @functools.wraps(fn)
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
-        return _pytree.call_flat(transform, body, args, kwargs)
+        return _calls.call_flat(transform, body, args, kwargs)
 
     return checkpointed

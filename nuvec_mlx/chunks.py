@@ -37,7 +37,7 @@ from typing import Any, cast
 
 import mlx.core as mx
 
-from . import _constants, _depends, _gradient, _marks, _pytree, _random, _validate
+from . import _calls, _constants, _depends, _gradient, _marks, _pytree, _random, _validate
 
 #: ``out_axes`` for an output summed over the chunks (a loss), not concatenated.
 SUM = "sum"
@@ -470,7 +470,7 @@ def checkpoint_chunks(
 
             return run
 
-        return _pytree.call_flat(transform, body, args, kwargs)
+        return _calls.call_flat(transform, body, args, kwargs)
 
     return chunked
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from . import _ceiling, _marks, _pytree, _random, _registry, _validate
+from . import _ceiling, _marks, _pytree, _random, _registry, _state, _validate
 
 FlatFn = Callable[[list[mx.array]], Sequence[mx.array]]
 
@@ -96,7 +96,7 @@ class Compiled:
         """What puts the ``inputs`` and ``outputs`` state back as it is now, the state the step's staged updates
         create (an optimizer's first moments) removed and their optimizers set to fill it in again;
         the next call then traces afresh."""
-        put_back, trace, me = _pytree.snapshot([self._inputs, self._outputs]), self._trace, weakref.ref(self)
+        put_back, trace, me = _state.snapshot([self._inputs, self._outputs]), self._trace, weakref.ref(self)
 
         def undo() -> None:
             put_back()

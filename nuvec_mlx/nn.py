@@ -20,7 +20,7 @@ from typing import Any, cast
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import _attention, _policies, _pytree, _validate, policies
+from . import _attention, _calls, _policies, _validate, policies
 from .checkpoint import checkpoint_flat
 from .chunks import checkpoint_chunks
 
@@ -52,7 +52,7 @@ def _checkpointed_class(
             body = cls.__call__.__get__(self)
             if chunk is not None:
                 return _in_chunks(body, chunk, args, kwargs)
-            return _pytree.call_flat(transform, _policies.offering_layers(body, policy), args, kwargs)
+            return _calls.call_flat(transform, _policies.offering_layers(body, policy), args, kwargs)
 
         def __reduce_ex__(self, protocol: int) -> tuple:
             # Pickled by reference to the original class (the subclass is made at
@@ -338,7 +338,7 @@ def checkpoint_sequential(
                     h = layer(h)
                 return h
 
-            x = _pytree.call_flat(transform, _policies.offering_layers(seg, policy), (x,), {})  # seg reaches its layers
+            x = _calls.call_flat(transform, _policies.offering_layers(seg, policy), (x,), {})  # seg reaches its layers
         return x
 
     return run

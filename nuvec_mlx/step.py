@@ -22,7 +22,7 @@ import mlx.optimizers as optim
 from mlx.nn.utils import average_gradients
 from mlx.utils import tree_map, tree_unflatten
 
-from . import _ceiling, _marks, _pytree, _validate, evaluate
+from . import _ceiling, _marks, _pytree, _state, _validate, evaluate
 from . import nn as nv_nn
 from .compile import Compiled
 from .grad import value_and_grad
@@ -262,7 +262,7 @@ class TrainingStep:
             >>> undo()  # as if the step had not run
         """
         state, optimizer, me = self.state, self.optimizer, weakref.ref(self)  # no cycle through a held undo
-        put_back = _pytree.snapshot(state)
+        put_back = _state.snapshot(state)
 
         def undo() -> None:
             paths = [path for path, _ in _pytree.flatten(state)]

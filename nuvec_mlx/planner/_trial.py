@@ -24,7 +24,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from .. import _pytree, _validate, memory
+from .. import _state, _validate, memory
 from .. import nn as nv_nn
 from ..memory import StageReading
 from ..step import TrainingStep
@@ -211,8 +211,8 @@ class Trial:
         """
         if self.optimizer is None:  # the step returns its gradients and replaces nothing
             return 0
-        nbytes = _pytree.copy_arrays(self.optimizer.state)
+        nbytes = _state.copy_arrays(self.optimizer.state)
         parameters = self.model.trainable_parameters()
-        nbytes += _pytree.copy_arrays(parameters)
+        nbytes += _state.copy_arrays(parameters)
         self.model.update(parameters)
         return nbytes

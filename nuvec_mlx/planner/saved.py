@@ -38,7 +38,7 @@ from typing import Any, overload
 import mlx.core as mx
 import mlx.nn as nn
 
-from .. import _policies, _pytree, _saving, _validate
+from .. import _calls, _policies, _pytree, _saving, _validate
 from .. import nn as nv_nn
 from ..nn import find_layers
 from ..policies import Policy, save_everything, save_nothing
@@ -291,7 +291,7 @@ def _export(block: nn.Module, args: tuple, kwargs: dict) -> tuple[list[Saved], i
     # The flat inputs: the arguments' arrays, then the arrays of the modules the call reaches.
     n_args = sum(isinstance(v, mx.array) for _, v in _pytree.flatten((list(args), kwargs)))
     trainable = {id(v) for _, v in _pytree.flatten(block.trainable_parameters())}
-    _pytree.call_flat(transform, lambda *a, **k: block(*a, **k), args, kwargs)
+    _calls.call_flat(transform, lambda *a, **k: block(*a, **k), args, kwargs)
     events, outputs, arguments, weights, out_bytes = found[0]
     return residuals(events, outputs, arguments, weights), out_bytes
 
@@ -316,7 +316,7 @@ def _kept(block: nn.Module, args: tuple, kwargs: dict, policy: Callable | None) 
     return kept
 
 
-def _calls(model: nn.Module, loss_fn: Callable, batch: tuple, blocks: Sequence[nn.Module]) -> list:
+def _first_calls(model: nn.Module, loss_fn: Callable, batch: tuple, blocks: Sequence[nn.Module]) -> list:
     """Each block's first call (args, kwargs), caught by running the loss lazily (nothing is evaluated)."""
     calls: list = [None] * len(blocks)
     classes = [type(b) for b in blocks]
@@ -386,7 +386,7 @@ def _saved_activations(
     with nv_nn.restoring(blocks):
         for b in blocks:  # the unchecked blocks are what is exported
             nv_nn.checkpoint_module(b, enable=False)
-        calls = _calls(model, loss_fn, args, blocks)
+        calls = _first_calls(model, loss_fn, args, blocks)
         for j, (b, (a, k)) in enumerate(zip(blocks, calls, strict=True)):
             try:
                 unchecked, out_bytes, error = *_export(b, a, k), None
