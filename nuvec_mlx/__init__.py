@@ -6,10 +6,12 @@ is the function; the module is its home (``sys.modules["nuvec_mlx.checkpoint"]
 .checkpoint`` is the same object).
 """
 
-from . import losses, memory, policies
+from . import chunking, losses, memory, policies
+from ._attention import scaled_dot_product_attention
 from ._marks import NotStagedWarning
 from ._policies import checkpoint_name
 from .checkpoint import checkpoint, checkpoint_flat
+from .chunking import Chunks, chunk_layers
 from .chunks import checkpoint_chunks
 from .compile import Compiled, CompiledFlat, compile, compile_flat
 from .evaluate import default_ahead, eval
@@ -21,6 +23,7 @@ from .step import TrainingStep, update
 __version__ = "0.1.0"
 
 __all__ = [
+    "Chunks",
     "Compiled",
     "NotStagedWarning",
     "TrainingStep",
@@ -36,6 +39,8 @@ __all__ = [
     "checkpoint_module",
     "checkpoint_name",
     "checkpoint_sequential",
+    "chunk_layers",
+    "chunking",
     "compile",
     "compile_flat",
     "default_ahead",
@@ -48,6 +53,7 @@ __all__ = [
     "plan",
     "policies",
     "saved_activations",
+    "scaled_dot_product_attention",
     "update",
     "value_and_grad",
     "value_and_grad_flat",

@@ -1,4 +1,4 @@
-"""Attention in query chunks inside nuvec's checkpoints, where MLX trains attention unfused.
+"""Attention in query chunks: :func:`scaled_dot_product_attention`, and where MLX trains attention unfused.
 
 Read from MLX's source (``mlx/fast.cpp``, ``scaled_dot_product_attention``
 and each backend's ``use_fallback``; MLX 0.32): under a gradient, MLX computes
@@ -11,29 +11,19 @@ of 128, and the fallback otherwise (float32 among them). The fallback holds
 the scores, batch x heads x queries x keys, and their softmax: a block's
 backward pass then holds tokens squared.
 
-Inside a checkpointed block, :func:`chunking` routes every call of
-``mx.fast.scaled_dot_product_attention`` (mlx-lm's models make theirs through
-it) through :func:`nuvec_mlx.checkpoint_chunks` along the queries, so that the
-block's forward and backward hold one chunk's scores. A chunk of queries
-``[start, stop)`` with the causal mask needs the keys up to ``stop`` only (the
-causal mask is aligned to the last key, so the chunk is exact and the keys
-after it are never read); with an array mask (a sliding window), the chunk
-takes its rows of the mask and every key; with no mask, every key. Each
-query's attention is computed as without chunks.
-
-``mx.fast.scaled_dot_product_attention`` is replaced by a dispatcher only
-while a checkpoint that chunks runs, and put back after; the dispatcher
-chunks only in the context that asked for it, so that another thread's calls
-in the meantime go straight to MLX's function.
+:func:`scaled_dot_product_attention` computes the same attention in chunks of
+queries (:func:`nuvec_mlx.checkpoint_chunks`), so that the forward and the
+backward pass hold one chunk's scores. A chunk of queries ``[start, stop)``
+with the causal mask needs the keys up to ``stop`` only (the causal mask is
+aligned to the last key, so the chunk is exact and the keys after it are never
+read); with an array mask (a sliding window), the chunk takes its rows of the
+mask and every key; with no mask, every key. Each query's attention is
+computed as without chunks.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import os
-import threading
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import mlx.core as mx
@@ -41,16 +31,11 @@ import mlx.core as mx
 from . import _validate
 from .chunks import checkpoint_chunks
 
-#: ``attention_chunk``'s value that chunks where this backend trains attention unfused.
+#: The chunk setting that chunks where this backend trains attention unfused.
 AUTO = "auto"
 
-_setting: contextvars.ContextVar[int | str | None] = contextvars.ContextVar("nuvec_mlx_attention", default=None)
-_lock = threading.Lock()
-_users = 0  # checkpoints that chunk, running now: the dispatcher is installed while there are any
-_original: Callable[..., mx.array] | None = None
 
-
-def check(setting: object, name: str = "attention_chunk") -> int | str | None:
+def check(setting: object, name: str) -> int | str | None:
     """``setting`` if it is ``"auto"``, ``None`` (never chunk) or a chunk size (an int >= 1)."""
     if setting is None or setting == AUTO:
         return setting
@@ -92,54 +77,65 @@ def default_size(q: mx.array) -> int:
     return 4 * q.shape[-1]
 
 
-def _dispatch(q: mx.array, k: mx.array, v: mx.array, *, scale: float, mask: Any = None, **options: Any) -> mx.array:
-    """``mx.fast.scaled_dot_product_attention``, in query chunks where :func:`chunking` asked for them."""
-    original = _original
-    assert original is not None
-    setting = _setting.get()
-    if setting is None or options.get("stream") is not None or q.ndim != 4:
-        return original(q, k, v, scale=scale, mask=mask, **options)
+def chunk_size(q: mx.array, k: mx.array, v: mx.array, mask: Any, chunk: int | str | None) -> int | None:
+    """The queries per chunk ``chunk`` gives this attention, or ``None`` to compute it whole: ``"auto"``
+    chunks where this backend trains it unfused, in chunks of :func:`default_size`."""
+    if chunk is None or q.ndim != 4:
+        return None
+    if chunk == AUTO:
+        causal = isinstance(mask, str) and mask == "causal"
+        if not trains_unfused(q, k, v, causal):
+            return None
+        chunk = default_size(q)
+    return None if q.shape[2] <= int(chunk) else int(chunk)
+
+
+def scaled_dot_product_attention(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    *,
+    scale: float,
+    mask: Any = None,
+    chunk: int | str | None = AUTO,
+    **options: Any,
+) -> mx.array:
+    """:func:`mlx.core.fast.scaled_dot_product_attention`, computed in chunks of queries.
+
+    The same values and gradients (each query's attention is computed as
+    without chunks); each chunk is checkpointed (:func:`nuvec_mlx.checkpoint_chunks`),
+    so that the forward and the backward pass hold one chunk's scores, not
+    the queries times the keys, where MLX trains attention unfused.
+
+    Args:
+        q, k, v: queries, keys and values, ``(batch, heads, tokens, head size)``.
+        scale, mask: as for :func:`mlx.core.fast.scaled_dot_product_attention`
+            (``"causal"``, an array mask, or ``None``); other keyword
+            arguments (``sinks``) are passed on.
+        chunk: queries per chunk; ``"auto"`` (the default) chunks where this
+            backend trains attention unfused (the CPU, Metal; CUDA outside
+            cuDNN's fused kernels), in chunks of 4 x the head size; ``None``
+            never chunks.
+
+    Returns:
+        The attention's output, ``(batch, heads, tokens, value size)``.
+
+    Example:
+        >>> out = nv.scaled_dot_product_attention(q, k, v, scale=q.shape[-1] ** -0.5, mask="causal")
+    """
+    chunk = check(chunk, "chunk")
+    size = None if options.get("stream") is not None else chunk_size(q, k, v, mask, chunk)
+    if size is None:
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, **options)
     causal = isinstance(mask, str) and mask == "causal"
-    if setting == AUTO and not trains_unfused(q, k, v, causal):
-        return original(q, k, v, scale=scale, mask=mask, **options)
-    size = default_size(q) if setting == AUTO else int(setting)
     q_len, k_len = q.shape[2], k.shape[2]
-    if q_len <= size:
-        return original(q, k, v, scale=scale, mask=mask, **options)
-    array_mask = isinstance(mask, mx.array)
-    rows = array_mask and mask.ndim >= 2 and mask.shape[-2] == q_len  # the mask's query axis, when it has one
+    rows = isinstance(mask, mx.array) and mask.ndim >= 2 and mask.shape[-2] == q_len  # the mask's query axis
 
     def attend(q: mx.array, k: mx.array, v: mx.array, mask: Any, chunk: slice) -> mx.array:
         if causal:  # the keys up to the chunk's last query (the causal mask aligns to the last key)
             stop = chunk.stop + k_len - q_len
             k, v = k[:, :, :stop], v[:, :, :stop]
-        return original(q, k, v, scale=scale, mask=mask, **options)
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, **options)
 
     in_axes = (2, None, None, -2 if rows else None)
     return checkpoint_chunks(attend, size=size, in_axes=in_axes, out_axes=2, slice_arg="chunk")(q, k, v, mask)
-
-
-@contextlib.contextmanager
-def chunking(setting: int | str | None) -> Iterator[None]:
-    """Inside, ``mx.fast.scaled_dot_product_attention`` computes in query chunks as ``setting`` says:
-    ``"auto"`` where this backend trains attention unfused (chunks of :func:`default_size`), an int
-    chunk size always, ``None`` never."""
-    if setting is None:
-        yield
-        return
-    global _users, _original
-    with _lock:
-        if _users == 0:
-            _original = mx.fast.scaled_dot_product_attention
-            mx.fast.scaled_dot_product_attention = _dispatch
-        _users += 1
-    token = _setting.set(setting)
-    try:
-        yield
-    finally:
-        _setting.reset(token)
-        with _lock:
-            _users -= 1
-            if _users == 0:
-                assert _original is not None  # saved when the first user came in
-                mx.fast.scaled_dot_product_attention = _original

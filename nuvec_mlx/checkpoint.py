@@ -31,7 +31,6 @@ from typing import Any, cast
 import mlx.core as mx
 
 from . import (
-    _attention,
     _calls,
     _constants,
     _depends,
@@ -83,9 +82,8 @@ class _Call:
         xs: list[mx.array],
         captured: str,
         policy: policies.Policy | None,
-        attention_chunk: int | str | None,
     ):
-        self.fn, self.xs, self.captured, self.attention_chunk = fn, xs, captured, attention_chunk
+        self.fn, self.xs, self.captured = fn, xs, captured
         self.kept = _saving.Record(policy)  # forward values the recomputation reuses
         self.diff = [i for i, x in enumerate(xs) if _validate.is_differentiable(x)]
         # The inputs whose gradients are wanted.
@@ -97,8 +95,7 @@ class _Call:
         self.modules = _marks.held()  # whose gradients the backward stage completes
 
     def run(self, xs: Sequence[mx.array]) -> list[mx.array]:
-        with _attention.chunking(self.attention_chunk):
-            return _validate.check_outputs(self.fn(list(xs)), self.fn)
+        return _validate.check_outputs(self.fn(list(xs)), self.fn)
 
     def forward(self, xs: list[mx.array]) -> list[mx.array]:
         # On stopped inputs: what the forward's own graph differentiates is
@@ -159,9 +156,7 @@ class _Call:
             return mx.vmap(lambda *ys: self.run(ys), in_axes=tuple(axes))(*xs)
 
         with _random.drawing_from(self.key):
-            out = checkpoint_flat(
-                batched, captured=self.captured, policy=self.kept.policy, attention_chunk=self.attention_chunk
-            )(xs)
+            out = checkpoint_flat(batched, captured=self.captured, policy=self.kept.policy)(xs)
         return out, [0] * len(out)
 
 
@@ -169,9 +164,7 @@ def checkpoint_flat(
     fn: FlatFn,
     *,
     policy: policies.Policy | None = None,
-    attention_chunk: int | str | None = "auto",
     captured: str = "differentiate",
-    allow_captured: bool | None = None,
 ) -> Callable[[Sequence[mx.array]], list[mx.array]]:
     """Checkpoint a flat function: same values and gradients, less memory.
 
@@ -190,18 +183,9 @@ def checkpoint_flat(
         policy: which forward values to keep rather than recompute
             (:mod:`nuvec_mlx.policies`); ``None`` keeps none. A flat function
             offers only the values it names with :func:`nuvec_mlx.checkpoint_name`.
-        attention_chunk: how ``mx.fast.scaled_dot_product_attention`` inside
-            ``fn`` runs: ``"auto"`` computes it in query chunks (each chunk
-            checkpointed: :func:`nuvec_mlx.checkpoint_chunks`) where the
-            backend trains attention unfused, so that the block's backward
-            pass holds one chunk's scores, not tokens squared (the CPU; Metal
-            when training; CUDA outside cuDNN's fused kernels), in chunks of 4 x
-            the head size; an int is the chunk size, always; ``None`` never
-            chunks.
         captured: ``"differentiate"`` (the default): arrays ``fn`` reads
             besides its inputs are differentiated exactly, through the
             forward's graph; ``"constant"``: they get no gradient (zero).
-        allow_captured: deprecated; ``True`` is ``captured="constant"``.
 
     Returns:
         A flat function with the values and gradients of ``fn``.
@@ -216,15 +200,14 @@ def checkpoint_flat(
         >>> h = block([x, w])[0]
     """
     _validate.check_callable(fn, "fn")
-    captured = _check_captured(captured, allow_captured)
+    captured = _check_captured(captured)
     policy = _policies.check_policy(policy)
-    attention_chunk = _attention.check(attention_chunk)
     if _policies.recomputes_nothing(policy):
         return _saving.unrecomputed(fn, _constants.is_constant)
 
     @functools.wraps(fn)
     def checkpointed(xs: Sequence[mx.array]) -> list[mx.array]:
-        call = _Call(fn, _validate.check_array_list(xs, "xs"), captured, policy, attention_chunk)
+        call = _Call(fn, _validate.check_array_list(xs, "xs"), captured, policy)
         if not call.diff:
             return call.run(call.xs)
         if _in_shapeless_trace():
@@ -248,11 +231,8 @@ def checkpoint_flat(
     return checkpointed
 
 
-def _check_captured(captured: object, allow_captured: object) -> str:
-    """``captured``, or what the deprecated ``allow_captured`` asked for."""
-    if allow_captured is not None:
-        _validate.deprecated("allow_captured=", 'captured="constant" (allow_captured=True) or "differentiate"')
-        captured = "constant" if _validate.check_bool(allow_captured, "allow_captured") else "differentiate"
+def _check_captured(captured: object) -> str:
+    """``captured`` if it is ``"differentiate"`` or ``"constant"``."""
     if captured not in ("differentiate", "constant"):
         raise ValueError(f"captured must be 'differentiate' or 'constant', got {captured!r}")
     return captured
@@ -262,9 +242,7 @@ def checkpoint(
     fn: Callable | None = None,
     *,
     policy: policies.Policy | None = None,
-    attention_chunk: int | str | None = "auto",
     captured: str = "differentiate",
-    allow_captured: bool | None = None,
 ) -> Callable:
     """Checkpoint a function of pytrees: same values and gradients, less memory.
 
@@ -295,12 +273,9 @@ def checkpoint(
             (:mod:`nuvec_mlx.policies`): the outputs of the ``nn.Linear`` layers
             of those modules, values named with :func:`nuvec_mlx.checkpoint_name`;
             ``None`` keeps none.
-        attention_chunk: as for :func:`checkpoint_flat`: ``"auto"``, a query
-            chunk size, or ``None``.
         captured: ``"differentiate"`` (the default) or ``"constant"``: how
             arrays ``fn`` reads besides its arguments and those modules are
             differentiated (see :func:`checkpoint_flat`).
-        allow_captured: deprecated; ``True`` is ``captured="constant"``.
 
     Returns:
         A function with the signature, values and gradients of ``fn``.
@@ -311,13 +286,12 @@ def checkpoint(
         ...     return {"h": mx.tanh(x @ params["w"]) * scale}
         >>> out = block(x, {"w": w})["h"]
     """
-    captured = _check_captured(captured, allow_captured)
+    captured = _check_captured(captured)
     policy = _policies.check_policy(policy)
-    attention_chunk = _attention.check(attention_chunk)
     if fn is None:
-        return functools.partial(checkpoint, captured=captured, policy=policy, attention_chunk=attention_chunk)
+        return functools.partial(checkpoint, captured=captured, policy=policy)
     _validate.check_callable(fn, "fn")
-    transform = functools.partial(checkpoint_flat, captured=captured, policy=policy, attention_chunk=attention_chunk)
+    transform = functools.partial(checkpoint_flat, captured=captured, policy=policy)
     body = _policies.offering_layers(fn, policy)
 
     @functools.wraps(fn)

@@ -63,7 +63,6 @@ def eval(
     throttle: int | float | None = None,
     ahead: int | None = None,
     synchronize: bool = False,
-    budget: int | float | None = None,
 ) -> None:
     """Evaluate arrays as :func:`mlx.core.eval` does, a checkpointed step one block at a time.
 
@@ -93,7 +92,6 @@ def eval(
             returned: the next stage may otherwise start while they are still
             held, so that the peak varies from step to step. It also waits for
             the stages queued ``ahead``.
-        budget: deprecated spelling of ``throttle``.
 
     The memory limit is restored afterwards, also when evaluation raises.
 
@@ -103,9 +101,6 @@ def eval(
         >>> nv.eval(loss, state, ahead=0)  # the lowest peak, one host wait per stage
         >>> nv.eval(loss, state, synchronize=True)  # on CUDA, the same peak every step
     """
-    if budget is not None:
-        _validate.deprecated("nv.eval(..., budget=)", "nv.eval(..., throttle=)")
-        throttle = budget if throttle is None else throttle
     check_settings(throttle, ahead, synchronize)  # before the registry forgets what is taken
     taken = _registry.take(arrays)
     staged(taken.stages, arrays, throttle=throttle, ahead=ahead, synchronize=synchronize, undos=taken.undos)

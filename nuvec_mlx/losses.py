@@ -15,54 +15,13 @@ pass with its value, so no chunk is computed twice.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import _validate
+from . import _validate, chunking
 from .chunks import SUM, checkpoint_chunks
-
-#: A chunk's logits are at most this many times the bytes of all the hidden states (see :func:`head_chunk`).
-HEAD_RATIO = 8
-#: A chunk has at least this many rows (batch x tokens) where the sequence has them: the head's matrix
-#: products on fewer rows read the whole head weight for little work (see :func:`head_chunk`).
-HEAD_MIN_ROWS = 128
-
-
-def head_chunk(tokens: int, hidden: int, vocabulary: int, batch: int = 1) -> int:
-    """The tokens per chunk of a loss head by default.
-
-    The head is split into ``ceil(vocabulary / (HEAD_RATIO x hidden))``
-    chunks, so that one chunk's logits (batch x chunk x vocabulary) take at
-    most :data:`HEAD_RATIO` times the bytes of all the hidden states (batch x
-    tokens x hidden): as much as a few checkpointed blocks keep, not the
-    vocabulary's multiple of it. The count depends on the model alone (about
-    19 chunks for Qwen3-0.6B, 8 for Llama-3.2-1B, 29 for Gemma-3-1B), so the
-    chunks grow with the sequence. A chunk has at least :data:`HEAD_MIN_ROWS`
-    rows (``batch`` x its tokens), or the whole sequence: on fewer rows each
-    chunk's matrix products read the whole head weight for little work (a
-    narrow model with a large vocabulary, 4 tokens a chunk, took 1.8x the
-    unchunked time on a CPU; 64 rows and more, the same time).
-
-    Args:
-        tokens: the sequence length.
-        hidden: the hidden size (the head's input).
-        vocabulary: the head's outputs.
-        batch: the batch size.
-
-    Returns:
-        The tokens per chunk, at most ``tokens``.
-
-    Example:
-        >>> nv.losses.head_chunk(tokens=2048, hidden=2048, vocabulary=128256, batch=4)
-        256
-    """
-    for value, name in ((tokens, "tokens"), (hidden, "hidden"), (vocabulary, "vocabulary"), (batch, "batch")):
-        _validate.check_int(value, name, minimum=1)
-    count = math.ceil(vocabulary / (HEAD_RATIO * hidden))
-    return min(tokens, max(math.ceil(tokens / count), math.ceil(HEAD_MIN_ROWS / batch)))
 
 
 def cross_entropy(
@@ -89,7 +48,7 @@ def cross_entropy(
         hidden: the hidden states, ``(batch, tokens, hidden)``.
         targets: the target ids, ``(batch, tokens)``.
         weights: per-token weights (a mask), ``(batch, tokens)``, or ``None``.
-        chunk: tokens per chunk; ``None`` for :func:`head_chunk`.
+        chunk: tokens per chunk; ``None`` for :func:`nuvec_mlx.chunking.head_tokens`.
         label_smoothing: as for :func:`mlx.nn.losses.cross_entropy`.
         reduction: ``"mean"`` (over every token, as MLX's), ``"sum"``, or
             ``"none"`` (per-token losses, ``(batch, tokens)``).
@@ -121,7 +80,7 @@ def cross_entropy(
         raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     if chunk is None:
         vocabulary = head(hidden[:, :1]).shape[-1]  # built lazily, never evaluated
-        chunk = head_chunk(hidden.shape[1], hidden.shape[2], vocabulary, hidden.shape[0])
+        chunk = chunking.head_tokens(hidden.shape[1], hidden.shape[2], vocabulary, hidden.shape[0])
     _validate.check_int(chunk, "chunk", minimum=1)
 
     def part(h: mx.array, t: mx.array, w: mx.array | None) -> mx.array:

@@ -16,7 +16,6 @@ import contextvars
 import dataclasses
 import math
 from collections.abc import Iterator
-from typing import Any
 
 import mlx.core as mx
 
@@ -104,14 +103,6 @@ class Measurement:
     end: int = 0
     rise: int = 0
 
-    @property
-    def peak(self) -> int:
-        """Deprecated: :attr:`rise`, the peak above ``start`` (a peak is absolute everywhere else)."""
-        _validate.deprecated(
-            "Measurement.peak (the rise above start)", "Measurement.rise, or start + rise for the peak"
-        )
-        return self.rise
-
 
 @contextlib.contextmanager
 def measure(clear_cache: bool = True) -> Iterator[Measurement]:
@@ -191,29 +182,6 @@ def current_throttle(staged: bool = True) -> float:
     if nbytes is not None:
         return nbytes
     return DEFAULT_THROTTLE if staged and mx.default_device() == mx.cpu else math.inf
-
-
-def budget(nbytes: int | float) -> contextlib.AbstractContextManager[None]:
-    """Deprecated spelling of :func:`throttle` (a budget is a peak everywhere else: :func:`nuvec_mlx.plan`)."""
-    _validate.deprecated("nv.memory.budget", "nv.memory.throttle")
-    return throttle(nbytes)
-
-
-def current_budget(staged: bool = True) -> float:
-    """Deprecated spelling of :func:`current_throttle`."""
-    _validate.deprecated("nv.memory.current_budget", "nv.memory.current_throttle")
-    return current_throttle(staged)
-
-
-_RENAMED = {"DEFAULT_BUDGET": "DEFAULT_THROTTLE", "Reading": "StageReading"}
-
-
-def __getattr__(name: str) -> Any:
-    """The deprecated names of :data:`DEFAULT_THROTTLE` and :class:`StageReading`, with a warning."""
-    if name in _RENAMED:
-        _validate.deprecated(f"nv.memory.{name}", f"nv.memory.{_RENAMED[name]}")
-        return globals()[_RENAMED[name]]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def all_stats(group: mx.distributed.Group | None = None) -> list[Stats]:

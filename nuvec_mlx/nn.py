@@ -20,44 +20,40 @@ from typing import Any, cast
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import _attention, _calls, _policies, _validate, policies
+from . import _calls, _policies, _reroute, _validate, policies
 from .checkpoint import checkpoint_flat
 from .chunks import checkpoint_chunks
 
-_subclasses: dict[tuple[type, Callable | None, int | str | None, int | None], type[nn.Module]] = {}
+#: A module's chunk setting: tokens per chunk, or a rule ``(module, first argument) -> tokens or None``
+#: (``None``: the call whole), asked at each call.
+ChunkSize = int | Callable[[nn.Module, mx.array], int | None]
 
-# Bumped whenever a module's checkpointing changes: a compiled step traced before runs its
-# blocks as they were when traced, so nv.TrainingStep traces again when this moved.
-_changes = 0
-
-
-def changes() -> int:
-    """How many times :func:`checkpoint_module` has changed how a module runs, in this process."""
-    return _changes
+_subclasses: dict[tuple[type, Callable | None, ChunkSize | None], type[nn.Module]] = {}
+#: The attribute a checkpointed class keeps its settings under: (the class beneath, policy, chunk).
+_KEY = "_nuvec_checkpoint"
 
 
 def _checkpointed_class(
-    cls: type[nn.Module],
-    policy: policies.Policy | None = None,
-    attention_chunk: int | str | None = "auto",
-    chunk: int | None = None,
+    cls: type[nn.Module], policy: policies.Policy | None = None, chunk: ChunkSize | None = None
 ) -> type[nn.Module]:
     """The cached subclass of ``cls`` whose ``__call__`` runs checkpointed with ``policy``, or in chunks."""
-    key = (cls, policy, attention_chunk, chunk)
+    key = (cls, policy, chunk)
     if key not in _subclasses:
-        transform = functools.partial(checkpoint_flat, policy=policy, attention_chunk=attention_chunk)
+        transform = functools.partial(checkpoint_flat, policy=policy)
 
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            # The original __call__, bound: self and what its code reaches are captured.
+            # The class beneath's __call__, bound: self and what its code reaches are captured.
             body = cls.__call__.__get__(self)
             if chunk is not None:
-                return _in_chunks(body, chunk, args, kwargs)
+                return _in_chunks(self, body, chunk, args, kwargs)
             return _calls.call_flat(transform, _policies.offering_layers(body, policy), args, kwargs)
 
         def __reduce_ex__(self, protocol: int) -> tuple:
-            # Pickled by reference to the original class (the subclass is made at
-            # run time, pickle could not find it), and checkpointed again on load.
-            return (_new_checkpointed, key, *object.__reduce_ex__(self, protocol)[2:])
+            # Pickled by reference to the original class and the routes (the subclasses are
+            # made at run time, pickle could not find them), and made again on load.
+            original, routes, _ = _layers(self)
+            made = (original, tuple(sorted(routes.items())), policy, chunk)
+            return (_new_checkpointed, made, *object.__reduce_ex__(self, protocol)[2:])
 
         # type() with three arguments is typed as making a type; it makes a subclass of cls.
         _subclasses[key] = cast(
@@ -68,7 +64,7 @@ def _checkpointed_class(
                 {
                     "__call__": __call__,
                     "__reduce_ex__": __reduce_ex__,
-                    "_nuvec_original_class": cls,
+                    _KEY: key,
                     "__module__": cls.__module__,
                     "__qualname__": cls.__qualname__,
                 },
@@ -77,43 +73,68 @@ def _checkpointed_class(
     return _subclasses[key]
 
 
+def _layers(module: nn.Module) -> tuple[type[nn.Module], dict[str, Any], tuple | None]:
+    """What ``module``'s class is made of: its own class, the names it is rerouted with
+    (:mod:`nuvec_mlx._reroute`), and its checkpoint's settings (``None`` if it is not checkpointed)."""
+    cls: type[nn.Module] = type(module)
+    key = cls.__dict__.get(_KEY)
+    beneath = key[0] if key is not None else cls
+    routes = dict(beneath.__dict__.get(_reroute.NAMES, {}))
+    return beneath.__dict__.get(_reroute.BASE, beneath), routes, key
+
+
+def _assemble(module: nn.Module, routes: dict[str, Any], key: tuple | None) -> bool:
+    """Give ``module`` the class made of its own class, ``routes`` and the checkpoint ``key`` (policy,
+    chunk: ``None`` for none); whether its class changed."""
+    original = _layers(module)[0]
+    cls = _reroute.rerouted_class(original, routes) if routes else original
+    new = _checkpointed_class(cls, *key[1:]) if key is not None else cls
+    if type(module) is new:
+        return False
+    module.__class__ = new
+    return True
+
+
+def reroute(module: nn.Module, routes: dict[str, Any]) -> bool:
+    """Make ``module``'s own ``__call__`` see ``routes`` among its globals (:mod:`nuvec_mlx._reroute`),
+    its checkpoint kept; empty ``routes`` undoes it. Whether its class changed."""
+    return _assemble(module, routes, _layers(module)[2])
+
+
 @contextlib.contextmanager
 def restoring(modules: Sequence[nn.Module]) -> Iterator[None]:
-    """Inside, the checkpointing of ``modules`` may change; after, each runs as it did before."""
-    global _changes
+    """Inside, the checkpointing and rerouting of ``modules`` may change; after, each runs as before."""
     classes = [type(m) for m in modules]
     try:
         yield
     finally:
         for m, cls in zip(modules, classes):
-            if type(m) is not cls:
-                m.__class__ = cls
-                _changes += 1
+            m.__class__ = cls
 
 
-def _in_chunks(call: Callable[..., Any], chunk: int, args: tuple, kwargs: dict) -> Any:
+def _in_chunks(module: nn.Module, call: Callable[..., Any], chunk: ChunkSize, args: tuple, kwargs: dict) -> Any:
     """``call(*args, **kwargs)`` checkpointed in chunks of ``chunk`` along axis 1 of its first argument;
-    as it is where that is one chunk (a lone chunk held more than the plain call: MLX 0.32, CPU)."""
+    as it is where that is one chunk (a lone chunk held more than the plain call: MLX 0.32, CPU) or
+    where a rule says ``None``."""
     if not args or not isinstance(args[0], mx.array) or args[0].ndim < 2:
         raise ValueError(
             f"a module checkpointed in chunks ({_validate.name_of(call)}) splits its first positional "
             "argument along axis 1 (tokens of batch x tokens x features): it must be an array of 2 or more "
             f"dimensions, got {_validate.describe(args[0]) if args else 'no positional argument'}"
         )
-    if args[0].shape[1] <= chunk:
+    size = chunk if isinstance(chunk, int) else chunk(module, args[0])
+    if size is None or args[0].shape[1] <= size:
         return call(*args, **kwargs)
     axes = [1, *[None] * (len(args) - 1)]
-    return checkpoint_chunks(call, size=chunk, in_axes=axes, lazy_in_recompute=True)(*args, **kwargs)
+    return checkpoint_chunks(call, size=size, in_axes=axes, lazy_in_recompute=True)(*args, **kwargs)
 
 
 def _new_checkpointed(
-    cls: type[nn.Module],
-    policy: policies.Policy | None = None,
-    attention_chunk: int | str | None = "auto",
-    chunk: int | None = None,
+    original: type[nn.Module], routes: tuple, policy: policies.Policy | None, chunk: ChunkSize | None
 ) -> nn.Module:
-    """An empty checkpointed instance of ``cls``, for pickle and copy to fill."""
-    sub = _checkpointed_class(cls, policy, attention_chunk, chunk)
+    """An empty checkpointed instance of ``original`` rerouted with ``routes``, for pickle and copy to fill."""
+    beneath = _reroute.rerouted_class(original, dict(routes)) if routes else original
+    sub = _checkpointed_class(beneath, policy, chunk)
     return sub.__new__(sub)
 
 
@@ -136,14 +157,23 @@ def is_checkpointed(module: nn.Module) -> bool:
         True
     """
     _validate.check_module(module, "module")
-    return "_nuvec_original_class" in type(module).__dict__
+    return _layers(module)[2] is not None
+
+
+def original_class(module: nn.Module) -> type[nn.Module]:
+    """``module``'s class as it was before nuvec checkpointed or rerouted it."""
+    return _layers(module)[0]
+
+
+def routes(module: nn.Module) -> dict[str, Any]:
+    """The global names ``module``'s ``__call__`` is rerouted with (:func:`reroute`; empty if none)."""
+    return _layers(module)[1]
 
 
 def checkpoint_module(
     module: nn.Module,
     enable: bool = True,
     policy: policies.Policy | None = None,
-    attention_chunk: int | str | None = "auto",
     chunk: int | None = None,
 ) -> nn.Module:
     """Checkpoint one module instance (in place); ``enable=False`` undoes it.
@@ -159,11 +189,10 @@ def checkpoint_module(
     tokens independently, such as a transformer block's MLP. Nested inside a
     checkpointed block it costs no computation: the block's recomputation no
     longer needs the module's forward pass, which the chunks' recomputation
-    replaces. There it bounds what the block's backward pass holds, which is
-    the peak of LoRA fine-tuning on long sequences, where mlx-lm's float32
-    adapters keep float32 copies of the MLP's activations. An input of no
-    more than ``chunk`` tokens runs the module as it is (one chunk, checkpointed,
-    held more than the plain call: MLX 0.32, CPU).
+    replaces. There it bounds what the block's backward pass holds.
+    An input of no more than ``chunk`` tokens runs the module as it is (one
+    chunk, checkpointed, held more than the plain call on a CPU).
+    :func:`nuvec_mlx.chunk_layers` chunks each block's MLP so, by a rule.
 
     Args:
         module: an ``mlx.nn.Module`` instance.
@@ -171,11 +200,8 @@ def checkpoint_module(
         policy: which forward values to keep rather than recompute
             (:mod:`nuvec_mlx.policies`; the outputs of its ``nn.Linear``
             layers, named values); ``None`` keeps none.
-        attention_chunk: attention inside the module in query chunks
-            (:func:`nuvec_mlx.checkpoint_flat`): ``"auto"`` where the backend
-            trains attention unfused, a chunk size, or ``None``.
         chunk: ``None`` (the module whole), or the tokens per chunk (an int
-            >= 1; ``policy`` must then be ``None``, ``attention_chunk`` is unused).
+            >= 1; ``policy`` must then be ``None``).
 
     Returns:
         ``module`` itself.
@@ -194,19 +220,21 @@ def checkpoint_module(
     _validate.check_module(module, "module")
     _validate.check_bool(enable, "enable")
     policy = _policies.check_policy(policy)
-    attention_chunk = _attention.check(attention_chunk)
     if chunk is not None:
         _validate.check_int(chunk, "chunk", minimum=1)
-        if policy is not None:
-            raise ValueError("chunk must be None with a policy: a policy keeps values of a whole module's forward pass")
-    global _changes
-    cls = type(module).__dict__.get("_nuvec_original_class", type(module))
+    return in_chunks(module, chunk, enable, policy)
+
+
+def in_chunks(
+    module: nn.Module, chunk: ChunkSize | None, enable: bool = True, policy: policies.Policy | None = None
+) -> nn.Module:
+    """:func:`checkpoint_module` of checked arguments, ``chunk`` also a rule (:data:`ChunkSize`)."""
+    if chunk is not None and policy is not None:
+        raise ValueError("chunk must be None with a policy: a policy keeps values of a whole module's forward pass")
     if enable:
         _check_has_call(module, "module")
-    new = _checkpointed_class(cls, policy, attention_chunk, chunk) if enable else cls
-    if type(module) is not new:
-        module.__class__ = new
-        _changes += 1
+    original, routes, _ = _layers(module)
+    _assemble(module, routes, (original, policy, chunk) if enable else None)
     return module
 
 
@@ -248,7 +276,6 @@ def checkpoint_layers(
     every: int = 1,
     enable: bool = True,
     policy: policies.Policy | None = None,
-    attention_chunk: int | str | None = "auto",
 ) -> int:
     """Checkpoint (or, with ``enable=False``, un-checkpoint) a model's blocks.
 
@@ -258,7 +285,7 @@ def checkpoint_layers(
             modules, or a predicate ``module -> bool`` over ``model``'s modules.
         every: wrap every ``every``-th block (0, every, 2*every, ...).
         enable: wrap (True) or unwrap (False).
-        policy, attention_chunk: as for :func:`checkpoint_module`.
+        policy: as for :func:`checkpoint_module`.
 
     Returns:
         How many blocks were wrapped, took another policy, or were unwrapped:
@@ -276,7 +303,6 @@ def checkpoint_layers(
     _validate.check_int(every, "every", minimum=1)
     _validate.check_bool(enable, "enable")
     policy = _policies.check_policy(policy)
-    attention_chunk = _attention.check(attention_chunk)
     blocks = find_layers(model, layers)
     for i, block in enumerate(blocks):
         if enable and i % every == 0:
@@ -284,7 +310,7 @@ def checkpoint_layers(
     count = 0
     for block in blocks[::every]:
         before = type(block)
-        count += type(checkpoint_module(block, enable, policy, attention_chunk)) is not before
+        count += type(checkpoint_module(block, enable, policy)) is not before
     return count
 
 
@@ -292,7 +318,6 @@ def checkpoint_sequential(
     layers: Sequence[Callable],
     segments: int | str = "sqrt",
     policy: policies.Policy | None = None,
-    attention_chunk: int | str | None = "auto",
 ) -> Callable[[Any], Any]:
     """Run ``layers`` in sequence as ``segments`` checkpointed segments.
 
@@ -300,7 +325,7 @@ def checkpoint_sequential(
         layers: modules (or functions) applied one after another.
         segments: number of segments, or ``"sqrt"`` for ceil(sqrt(len(layers)))
             (Chen et al. 2016).
-        policy, attention_chunk: as for :func:`checkpoint_module`.
+        policy: as for :func:`checkpoint_module`.
 
     Returns:
         ``run(x) -> y`` equal to applying the layers in turn.
@@ -328,7 +353,7 @@ def checkpoint_sequential(
         raise ValueError(f"segments must be at most the {n} layers, got {segments}")
     size = math.ceil(n / segments)
     groups = [layers[i : i + size] for i in range(0, n, size)]
-    transform = functools.partial(checkpoint_flat, policy=policy, attention_chunk=_attention.check(attention_chunk))
+    transform = functools.partial(checkpoint_flat, policy=policy)
 
     def run(x: Any) -> Any:
         for group in groups:

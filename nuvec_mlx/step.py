@@ -23,7 +23,6 @@ from mlx.nn.utils import average_gradients
 from mlx.utils import tree_map, tree_unflatten
 
 from . import _ceiling, _marks, _pytree, _state, _validate, evaluate
-from . import nn as nv_nn
 from .compile import Compiled
 from .grad import value_and_grad
 
@@ -95,9 +94,11 @@ class TrainingStep:
     parts: the host building and dispatching the step (tracing it, the first
     time), and its staged evaluation.
 
-    The step traces again by itself when a block's checkpointing changed
-    (:func:`nuvec_mlx.checkpoint_layers`, :meth:`nuvec_mlx.Plan.apply`), so
-    it always runs the blocks as they are. Inside
+    The step traces again by itself when a module's checkpointing changed
+    since it was traced (:func:`nuvec_mlx.checkpoint_layers`,
+    :func:`nuvec_mlx.chunk_layers`, :meth:`nuvec_mlx.Plan.apply` swap the
+    class of the modules they change: the step compares its model's modules'
+    classes with those it traced), so it always runs the blocks as they are. Inside
     :func:`nuvec_mlx.memory.ceiling`, a step stopped by the ceiling leaves
     the model, the optimizer and the random key as they were before it.
 
@@ -160,7 +161,9 @@ class TrainingStep:
         self.dispatch_seconds = self.evaluation_seconds = 0.0
         self._grad: Any = None  # the gradients summed since the last update
         self._traced: Callable[..., tuple[Any, list[mx.array]]] | None = None
-        self._changes = -1  # nv_nn.changes() when traced
+        # The model's modules and their classes when traced: checkpointing a block swaps its class.
+        self._modules: list[nn.Module] = []
+        self._classes: list[type] = []
         self._signatures: set[tuple] = set()  # of the calls run since the trace (_pytree.signature)
 
     def replace(self, **settings: Any) -> TrainingStep:
@@ -230,7 +233,8 @@ class TrainingStep:
             self._signatures.clear()
             if self.optimizer is not None:  # its state exists before the step: a ceiling can put it back
                 self.optimizer.init(self.model.trainable_parameters())
-            self._changes = nv_nn.changes()
+            self._modules = self.model.modules()
+            self._classes = [type(m) for m in self._modules]
             body = _Body(self)
             if self.compile:
                 self._traced = Compiled(body, inputs=self.state, outputs=self.state).call_staged
@@ -241,7 +245,9 @@ class TrainingStep:
 
     def _retracing(self) -> bool:
         """Whether the next call traces the step afresh (see :meth:`_trace`)."""
-        return self._traced is None or self._changes != nv_nn.changes() or self._replaced()
+        if self._traced is None or self._replaced():
+            return True
+        return any(type(m) is not cls for m, cls in zip(self._modules, self._classes, strict=True))
 
     def _replaced(self) -> bool:
         """Whether the optimizer holds other state containers than the step's (a resumed run set them)."""

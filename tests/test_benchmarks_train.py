@@ -251,7 +251,11 @@ def test_nuvecs_strategies_are_training_steps_with_the_chunks_they_name():
     for s, how in NUVEC_STEPS.items():
         case = Case(TINY, s)
         assert isinstance(case.training, nv.TrainingStep) and case.training.ahead == how.ahead
-        assert case.training.loss_fn is (nv_mlx_lm.chunked_loss if how.attention_chunk else default_loss)
+        loss = case.training.loss_fn
+        if how.chunks.head is None:
+            assert loss is default_loss
+        else:
+            assert loss.func is nv_mlx_lm.chunked_loss and loss.keywords == {"chunk": how.chunks.head}
         assert all(nv.is_checkpointed(b) for b in case.model.layers)  # for the case's life
 
 
@@ -280,7 +284,7 @@ def test_nuvecs_steps_stage_every_block_its_update_and_the_chunked_head(strategy
     gradient, taken in the forward pass; each MLP of nuvec-mlp-chunks is two chunks of 16 tokens here, each
     a stage in the forward pass and in the backward pass."""
     how = cases.NUVEC_STEPS["nuvec-mlp-chunks"]
-    monkeypatch.setitem(cases.NUVEC_STEPS, "nuvec-mlp-chunks", dataclasses.replace(how, mlp_chunk=16))
+    monkeypatch.setitem(cases.NUVEC_STEPS, "nuvec-mlp-chunks", dataclasses.replace(how, chunks=nv.Chunks(mlp=16)))
     case = Case(TINY, strategy)
     with nv.memory.timeline() as t:
         case.evaluate(case.step(case.batch(32)))

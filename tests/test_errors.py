@@ -14,6 +14,7 @@ from nuvec_mlx import mlx_lm as nvlm
 a = mx.ones((2,))
 i = mx.array([1], dtype=mx.int32)
 LINEAR = nn.Linear(2, 2)  # made once: building a module draws from the random key the catalogue checks
+BLOCKS = nn.Sequential(nn.Linear(2, 2))  # a model with its blocks in model.layers
 IN_CHUNKS = nv.checkpoint_module(nn.Linear(2, 2), chunk=8)
 
 
@@ -420,12 +421,6 @@ CATALOGUE = [
         r"^device must be an mlx.core.Device, a device type or None, got str$",
     ),
     (
-        "mlx_lm.default_ahead: device a string",
-        lambda: nvlm.default_ahead("gpu"),
-        TypeError,
-        r"^device must be an mlx.core.Device, a device type or None, got str$",
-    ),
-    (
         "mlx_lm.train: ahead negative",
         lambda: nvlm.train(LINEAR, optim.Adam(1e-3), [], ahead=-1),
         ValueError,
@@ -438,16 +433,22 @@ CATALOGUE = [
         r"^grad_accumulation_steps must be >= 1, got 0$",
     ),
     (
-        "mlx_lm.feed_forward: block not a module",
-        lambda: nvlm.feed_forward([LINEAR]),
+        "chunking.feed_forward: block not a module",
+        lambda: nv.chunking.feed_forward([LINEAR]),
         TypeError,
         r"^block must be an mlx.nn.Module, got list$",
     ),
     (
-        "mlx_lm.checkpointed_blocks: mlp_chunk zero",
-        lambda: enter(nvlm.checkpointed_blocks(LINEAR, mlp_chunk=0)),
+        "mlx_lm.checkpointed_blocks: chunks not Chunks",
+        lambda: enter(nvlm.checkpointed_blocks(BLOCKS, {"mlp": 8})),
+        TypeError,
+        r"^chunks must be an nv.Chunks or None, got dict$",
+    ),
+    (
+        "mlx_lm.checkpointed_blocks: no model.layers",
+        lambda: enter(nvlm.checkpointed_blocks(LINEAR)),
         ValueError,
-        r"^mlp_chunk must be >= 1, got 0$",
+        r"^model must have its blocks in model.layers \(a list, as mlx-lm's models have\)$",
     ),
     (
         "mlx_lm.checkpointed_blocks: no model.layers",
@@ -516,8 +517,8 @@ CATALOGUE = [
         "checkpoint_chunks: fn returns no array",
         lambda: nv.checkpoint_chunks(lambda x: None, size=1)(a[None]),
         ValueError,
-        r"^checkpoint_chunks: fn \(<lambda>.<locals>.<lambda>\) returned no array: it must return an array, or a list, tuple or dict "
-        r"of arrays, whose chunks are concatenated or summed$",
+        r"^checkpoint_chunks: fn \(<lambda>.<locals>.<lambda>\) returned no array: it must return an array, or a list, "
+        r"tuple or dict of arrays, whose chunks are concatenated or summed$",
     ),
     (
         "checkpoint_chunks: size zero",
@@ -562,10 +563,36 @@ CATALOGUE = [
         r"^slice_arg must be None or a keyword argument's name, got 'a b'$",
     ),
     (
-        "checkpoint_module: attention_chunk a string",
-        lambda: nv.checkpoint_module(LINEAR, attention_chunk="on"),
+        "Chunks: attention a string",
+        lambda: nv.Chunks(attention="on"),
         TypeError,
-        r"^attention_chunk must be 'auto', None or an int chunk size, got 'on'$",
+        r"^attention must be 'auto', None or an int chunk size, got 'on'$",
+    ),
+    (
+        "Chunks: mlp zero",
+        lambda: nv.Chunks(mlp=0),
+        ValueError,
+        r"^mlp must be >= 1, got 0$",
+    ),
+    (
+        "chunk_layers: model not a module",
+        lambda: nv.chunk_layers([LINEAR]),
+        TypeError,
+        r"^model must be an mlx.nn.Module, got list$",
+    ),
+    (
+        "chunk_layers: chunks not Chunks",
+        lambda: nv.chunk_layers(BLOCKS, "auto"),
+        TypeError,
+        r"^chunks must be an nv.Chunks or None, got str$",
+    ),
+    (
+        "scaled_dot_product_attention: chunk a float",
+        lambda: nv.scaled_dot_product_attention(
+            a[None, None, None], a[None, None, None], a[None, None, None], scale=1.0, chunk=1.5
+        ),  # fmt: skip
+        TypeError,
+        r"^chunk must be 'auto', None or an int chunk size, got 1.5$",
     ),
     (
         "checkpoint_module: chunk with a policy",
@@ -648,8 +675,14 @@ CATALOGUE = [
         r"^hidden must hold at least one token, got a sequence of 0 tokens$",
     ),
     (
-        "losses.head_chunk: vocabulary zero",
-        lambda: nv.losses.head_chunk(8, 4, 0),
+        "chunking.mlp_tokens: width a float",
+        lambda: nv.chunking.mlp_tokens(8, 4, 2.0),
+        TypeError,
+        r"^width must be an int, got float \(2.0\)$",
+    ),
+    (
+        "chunking.head_tokens: vocabulary zero",
+        lambda: nv.chunking.head_tokens(8, 4, 0),
         ValueError,
         r"^vocabulary must be >= 1, got 0$",
     ),
@@ -660,10 +693,10 @@ CATALOGUE = [
         r"^chunk must be an int, got float \(1.5\)$",
     ),
     (
-        "mlx_lm.train: loss_chunk a string",
-        lambda: nvlm.train(LINEAR, optim.Adam(1e-3), [], args=TrainingArgs(grad_checkpoint=True), loss_chunk="big"),
+        "mlx_lm.train: chunks a string",
+        lambda: nvlm.train(LINEAR, optim.Adam(1e-3), [], args=TrainingArgs(grad_checkpoint=True), chunks="big"),
         TypeError,
-        r"^loss_chunk must be 'auto', None or an int chunk size, got 'big'$",
+        r"^chunks must be an nv.Chunks or None, got str$",
     ),
     # TrainingStep
     (
@@ -860,8 +893,6 @@ def test_misuse_raises_a_precise_error(misuse, error, match):
     assert type(info.value) is error
 
 
-#: Deprecated functions: their misuses are in tests/test_deprecated.py.
-DEPRECATED = {"mlx_lm.training_step"}
 PUBLIC = [
     *(
         n
@@ -877,11 +908,13 @@ PUBLIC = [
             "Plan",
             "SavedActivations",
             "NotStagedWarning",
+            "chunking",
         )
     ),
+    *(f"chunking.{n}" for n in ("feed_forward", "head_tokens", "mlp_tokens")),
     *(f"memory.{n}" for n in nv.memory.__all__ if n[0].islower()),
-    *(f"mlx_lm.{n}" for n in nvlm.__all__ if n[0].islower() and f"mlx_lm.{n}" not in DEPRECATED),
-    *(f"losses.{n}" for n in ("cross_entropy", "head_chunk")),
+    *(f"mlx_lm.{n}" for n in nvlm.__all__ if n[0].islower()),
+    "losses.cross_entropy",
     "policies.save_names",
 ]
 

@@ -154,12 +154,12 @@ def test_a_plan_of_nuvec_mlx_plan_checkpoints_the_blocks_it_names_and_trains_as_
     assert ours == losses(capsys.readouterr().out) and len(ours) == 2
 
 
-@pytest.mark.parametrize("flag", ["--attention-chunk", "--mlp-chunk"])
+@pytest.mark.parametrize("flag", ["--attention-chunk", "--mlp-chunk", "--loss-chunk", "--scan-chunk"])
 def test_a_plan_refuses_a_chunk_flag_it_was_not_measured_with(folder, data, saved_plan, tmp_path, flag, capsys):
     with pytest.raises(SystemExit) as info:
         nvlm.main(args(folder, data, tmp_path, "--grad-checkpoint", "--plan", saved_plan, flag, 8))
     assert info.value.code == 2
-    assert f"nuvec-mlx-lora: error: {flag}: with --plan the blocks are checkpointed as the plan was measured" in (
+    assert f"nuvec-mlx-lora: error: {flag}: with --plan the blocks are checkpointed and chunked as the plan was" in (
         capsys.readouterr().err
     )
 

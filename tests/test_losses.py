@@ -49,13 +49,14 @@ def test_cross_entropy_in_chunks_is_the_whole_s(reduction, smoothing):
 
 
 def test_the_head_is_split_into_vocabulary_over_8_hidden_chunks_of_128_rows_at_least():
-    assert nv.losses.head_chunk(2048, 2048, 128256, batch=4) == 256  # Llama-3.2-1B: 8 chunks
-    assert nv.losses.head_chunk(2048, 1024, 151936, batch=4) == 108  # Qwen3-0.6B: 19 chunks
-    assert nv.losses.head_chunk(2048, 1152, 262144, batch=4) == 71  # Gemma-3-1B: 29 chunks
-    assert nv.losses.head_chunk(100, 64, 64) == 100  # a small vocabulary: one chunk
-    assert nv.losses.head_chunk(512, 128, 128256) == 128  # 126 chunks of 4 rows would be: 128 rows
-    assert nv.losses.head_chunk(512, 128, 128256, batch=8) == 16  # 16 tokens x 8 = 128 rows
-    assert nv.losses.head_chunk(64, 128, 128256) == 64  # fewer tokens than rows: the whole sequence
+    head_tokens = nv.chunking.head_tokens
+    assert head_tokens(2048, 2048, 128256, batch=4) == 256  # Llama-3.2-1B: 8 chunks
+    assert head_tokens(2048, 1024, 151936, batch=4) == 108  # Qwen3-0.6B: 19 chunks
+    assert head_tokens(2048, 1152, 262144, batch=4) == 71  # Gemma-3-1B: 29 chunks
+    assert head_tokens(100, 64, 64) == 100  # a small vocabulary: one chunk
+    assert head_tokens(512, 128, 128256) == 128  # 126 chunks of 4 rows would be: 128 rows
+    assert head_tokens(512, 128, 128256, batch=8) == 16  # 16 tokens x 8 = 128 rows
+    assert head_tokens(64, 128, 128256) == 64  # fewer tokens than rows: the whole sequence
 
 
 def build(module, **fields):
@@ -144,6 +145,7 @@ def test_the_chunked_head_holds_one_chunk_of_logits(compiled):
     model = llama.Model(llama.ModelArgs(model_type="llama", vocab_size=4096, tie_word_embeddings=True, **SMALL, **NORM))
     mx.eval(model.parameters())
     nv.checkpoint_layers(model)
+    nv.chunk_layers(model)  # attention in query chunks too (the CPU trains it unfused), as the trainer does
     ids = mx.random.randint(0, 4096, (2, 513), key=mx.random.key(1))
     lengths = mx.array([[0, 512]] * 2)
     rises = {}

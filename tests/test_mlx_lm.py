@@ -202,16 +202,14 @@ def test_checkpointed_blocks_chunk_each_feed_forward_module_inside_with_the_same
     grad = nv.value_and_grad(model, default_loss)
     (value, _), expected = grad(model, *batch)
     nv.eval(value, expected)
-    with nvlm.checkpointed_blocks(model, mlp_chunk=8) as blocks:
-        mlps = [nvlm.feed_forward(b) for b in blocks]
+    with nvlm.checkpointed_blocks(model, nv.Chunks(mlp=8)) as blocks:
+        mlps = [nv.chunking.feed_forward(b) for b in blocks]
         assert mlps and all(m is not None and nv.is_checkpointed(m) for m in mlps)
         (chunked, _), grads = grad(model, *batch)
         nv.eval(chunked, grads)
-    assert not any(nv.is_checkpointed(m) for m in mlps + blocks)
+    assert not any(nv.is_checkpointed(m) or nv.nn.routes(m) for b in blocks for m in b.modules())
     assert_close(chunked, value, 1e-6)
     assert_close([g for _, g in tree_flatten(grads)], [g for _, g in tree_flatten(expected)], 1e-5)
-    with pytest.raises(ValueError, match="mlp_chunk must be >= 1, got 0"), nvlm.checkpointed_blocks(model, mlp_chunk=0):
-        pass
 
 
 def test_gradient_accumulation_equals_mlx_lm_lora(folders, data, tmp_path, eager, monkeypatch, capsys):
@@ -328,11 +326,6 @@ def test_the_command_refuses_a_negative_stages_ahead(capsys):
     assert "argument --stages-ahead: expected an int >= 0, got -1" in capsys.readouterr().err
 
 
-def test_default_ahead_is_one_on_a_gpu_and_zero_on_the_cpu():
-    assert [nvlm.default_ahead(d) for d in (mx.gpu, mx.Device(mx.gpu, 0), mx.cpu, mx.Device(mx.cpu))] == [1, 1, 0, 0]
-    assert nvlm.default_ahead() == nvlm.default_ahead(mx.default_device())
-
-
 def test_report_line_is_mlx_lm_s_with_the_peak_at_its_end(capsys):
     with _train_report.TrainUI(2) as ui:
         ui.report_train(1, 2.5, 1234.0, 4000, step_peak=1_234_000_000)
@@ -362,7 +355,7 @@ class DropoutCase:
         optimizer = optim.Adam(learning_rate=1e-5)
         optimizer.init(self.model.trainable_parameters())
         if strategy != "mlx-lm":
-            nv.checkpoint_layers(self.model, attention_chunk=None)
+            nv.checkpoint_layers(self.model)
         if strategy == "nuvec":
             self.training = nv.TrainingStep(self.model, default_loss, optimizer)
             self.state = self.training.state

@@ -183,6 +183,7 @@ def lora_step_rise(mlp_chunk, tokens: int = 1024) -> float:
     m.freeze()
     linear_to_lora_layers(m, 2, {"rank": 8, "dropout": 0.0, "scale": 20.0})  # float32 adapters, as mlx-lm's
     nv.checkpoint_layers(m)
+    nv.chunk_layers(m, nv.Chunks(mlp=None))  # attention in query chunks: the CPU trains it unfused
     if mlp_chunk:
         chunk_mlps(m, mlp_chunk)
     step = nv.TrainingStep(m, lambda m, x, y: nn.losses.cross_entropy(m(x), y, reduction="mean"), optim.Adam(1e-3))

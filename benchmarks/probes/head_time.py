@@ -17,7 +17,7 @@ step needs it: a gradient alone would let MLX skip the forward pass of the chunk
   ``mx.custom_function``, as Liger's fused linear cross-entropy does) under ``mx.compile`` and ``mx.eval``:
   no stages, so MLX may hold several chunks at once: what the stages cost.
 
-``--chunks`` lists the chunk lengths in tokens (``auto`` is ``nv.losses.head_chunk``'s). Medians (min–max)
+``--chunks`` lists the chunk lengths in tokens (``auto`` is ``nv.chunking.head_tokens``'s). Medians (min–max)
 of ``--repeats`` after a warm-up, the variants interleaved; peaks after ``mx.synchronize()`` with the cache
 cleared first, above the memory active before; the largest difference of each gradient from ``whole``'s::
 
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     p.add_argument("--tokens", type=int, default=512)
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--vocab", type=int, default=128256)
-    p.add_argument("--chunks", default="auto", help="chunk lengths in tokens, comma-separated ('auto': head_chunk's)")
+    p.add_argument("--chunks", default="auto", help="chunk lengths in tokens, comma-separated ('auto': head_tokens's)")
     p.add_argument("--trainable", action="store_true", help="also the head weight's gradient (full fine-tuning)")
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args(argv)
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     targets = mx.random.randint(0, args.vocab, (args.batch, args.tokens))
     mx.eval(head.parameters(), h, targets)
     xs = [head.weight, h] if args.trainable else [h]
-    auto = nv.losses.head_chunk(args.tokens, args.hidden, args.vocab, args.batch)
+    auto = nv.chunking.head_tokens(args.tokens, args.hidden, args.vocab, args.batch)
     chunks = list(dict.fromkeys(auto if c == "auto" else int(c) for c in args.chunks.split(",")))
     steps = variants(head, targets, chunks, args.trainable)
     samples: dict[str, dict[str, list[float]]] = {name: {"seconds": [], "peak": []} for name in steps}
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     what = "hidden states and head weight" if args.trainable else "hidden states"
     print(
         f"batch {args.batch} x {args.tokens} tokens, hidden {args.hidden}, vocabulary {args.vocab}, gradient of "
-        f"the {what}; chunks of {', '.join(map(str, chunks))} tokens (head_chunk: {auto})"
+        f"the {what}; chunks of {', '.join(map(str, chunks))} tokens (head_tokens: {auto})"
     )
     summary = {}
     whole = [a.astype(mx.float32) for _, a in tree_flatten(results["whole"][1])]

@@ -23,7 +23,7 @@ peaks, then times), at nuvec's defaults unless said:
   ``nuvec-light-forward-update-chunk``: one stage ahead, and one more where it is a chunk's (a block's
   forward pass, an update);
 - ``nuvec-head16``, ``nuvec-head32``: the loss head in half or a quarter as many chunks, each two or four
-  times larger (``nuvec_mlx.losses.HEAD_RATIO`` 16 or 32 instead of 8);
+  times larger (``nuvec_mlx.chunking.HEAD_RATIO`` 16 or 32 instead of 8);
 - ``nuvec-light-forward-update-head16``: forward and update stages light, and the head in half as many chunks;
 - ``nuvec-ahead2-head4``: two stages ahead, the head in twice as many chunks (``HEAD_RATIO`` 4), so that two
   of its chunks in flight hold what one does at the defaults;
@@ -71,10 +71,9 @@ from typing import Any, NamedTuple
 from unittest import mock
 
 import mlx.core as mx
-from mlx_lm.tuner.trainer import default_loss
 
 import nuvec_mlx as nv
-from nuvec_mlx import _gradient, _marks, evaluate, losses
+from nuvec_mlx import _gradient, _marks, evaluate
 from nuvec_mlx_bench.core import environment, mlx_measure, options
 from nuvec_mlx_bench.core.figures import spread
 from nuvec_mlx_bench.core.rounds import summary
@@ -91,7 +90,7 @@ def head_recomputed() -> contextlib.AbstractContextManager[Any]:
 
 def mlp_chunks(size: int) -> cases.NuvecStep:
     """The benchmark's ``nuvec-mlp-chunks`` with the MLP in chunks of ``size`` tokens."""
-    return dataclasses.replace(cases.NUVEC_STEPS["nuvec-mlp-chunks"], mlp_chunk=size)
+    return cases.NuvecStep(nv.Chunks(mlp=size))
 
 
 def updates_folded() -> contextlib.AbstractContextManager[Any]:
@@ -111,7 +110,7 @@ def light(*kinds: str) -> Context:
 
 def head_ratio(ratio: int) -> Context:
     """The loss head in chunks whose logits are at most ``ratio`` times all the hidden states' bytes."""
-    return lambda: mock.patch.object(losses, "HEAD_RATIO", ratio)
+    return lambda: mock.patch.object(nv.chunking, "HEAD_RATIO", ratio)
 
 
 def default_peak(training: nv.TrainingStep, batch: Any) -> int:
@@ -220,8 +219,8 @@ VARIANTS: dict[str, Variant] = {
     "nuvec-updates-folded": Variant("nuvec", updates_folded),
     "nuvec-ahead2": Variant("nuvec", ahead=2),
     "nuvec-recomputed-ahead2": Variant("nuvec", head_recomputed, ahead=2),
-    "nuvec-head-chunks": Variant("nuvec", changes={"attention_chunk": None}),
-    "nuvec-attention-chunks": Variant("nuvec", changes={"loss": default_loss}),
+    "nuvec-head-chunks": Variant("nuvec", changes={"chunks": nv.Chunks(attention=None)}),
+    "nuvec-attention-chunks": Variant("nuvec", changes={"chunks": nv.Chunks(head=None)}),
     "nuvec-mlp-chunks": Variant("nuvec-mlp-chunks"),
     "nuvec-mlp-chunks-ahead2": Variant("nuvec-mlp-chunks", ahead=2),
     "nuvec-light-chunk": Variant("nuvec", running=light(_marks.CHUNK)),

@@ -9,19 +9,20 @@ The strategies, each the step a user's trainer runs:
   on ``model.layers[0]`` (:func:`mlx.core.checkpoint` on every instance of that
   one class);
 - ``nuvec``: ``nuvec-mlx-lora --grad-checkpoint``: every block checkpointed by
-  nuvec with attention in query chunks (``attention_chunk="auto"``), the loss
-  head in chunks of tokens (:func:`nuvec_mlx.mlx_lm.chunked_loss`), the step a
+  nuvec and chunked along the sequence as ``nv.Chunks()`` says (every part
+  ``"auto"``: :func:`nuvec_mlx.chunk_layers`), the loss head in chunks of tokens
+  (:func:`nuvec_mlx.mlx_lm.chunked_loss`), the step a
   :class:`nuvec_mlx.TrainingStep` at its defaults (the device's stages ahead:
   :func:`nuvec_mlx.default_ahead`, 1 on a GPU, 0 on the CPU; the throttle in force);
-- ``nuvec-unchunked``: the same without chunks (``attention_chunk=None``,
-  mlx-lm's ``default_loss``): what ``nuvec-mlx-lora`` ran before the chunks;
+- ``nuvec-unchunked``: the same without chunks (every part of ``nv.Chunks``
+  ``None``, mlx-lm's ``default_loss``): what ``nuvec-mlx-lora`` ran before the chunks;
 - ``nuvec-mlp-chunks``: ``nuvec`` with each block's MLP in chunks of
   :data:`MLP_CHUNK` tokens inside the checkpointed block (``nuvec-mlx-lora
   --mlp-chunk``), so that a block's backward pass holds one chunk of it;
 - ``nuvec-ahead0``, ``nuvec-ahead2``: ``nuvec`` with that many stages queued
   ahead (``TrainingStep(..., ahead=n)``): 0 waits for each stage before the host
   builds the next, more let the device run while the host builds;
-- ``nuvec-mx-eval``: nuvec's checkpoint on every block (attention chunked)
+- ``nuvec-mx-eval``: nuvec's checkpoint on every block
   inside mlx-lm's own trainer step (``mx.compile``, ``mx.eval``, ``default_loss``):
   what ``nv.checkpoint_layers(model)`` before ``mlx_lm.tuner.trainer.train``
   gives, unstaged.
@@ -60,34 +61,38 @@ from mlx_lm.tuner.trainer import default_loss
 from mlx_lm.tuner.utils import linear_to_lora_layers
 
 import nuvec_mlx as nv
-from nuvec_mlx import mlx_lm as nv_mlx_lm
 from nuvec_mlx import testing
+from nuvec_mlx.mlx_lm.losses import loss_for
 
 from ..core import mlx_measure, rounds
 
 
 @dataclasses.dataclass(frozen=True)
 class NuvecStep:
-    """How a nuvec strategy checkpoints and steps: attention's chunks, the loss, the stages ahead, the MLP's
-    chunks."""
+    """How a nuvec strategy steps: its chunks along the sequence (the loss head's with mlx-lm's default loss;
+    attention's, the MLP's and the recurrences' inside the checkpointed blocks), and the stages ahead."""
 
-    attention_chunk: str | None
-    loss: Callable[..., tuple[mx.array, mx.array]]
+    chunks: nv.Chunks
     ahead: int | None = None
-    mlp_chunk: int | None = None
+
+    @property
+    def loss(self) -> Callable[..., tuple[mx.array, mx.array]]:
+        """mlx-lm's default loss, its head in chunks as :attr:`chunks` says (what ``nuvec_mlx.mlx_lm.train`` uses)."""
+        return loss_for(self.chunks.head)
 
 
 #: The tokens per chunk of ``nuvec-mlp-chunks``' MLPs: 4 chunks of a 2048-token sequence.
 MLP_CHUNK = 512
+UNCHUNKED = nv.Chunks(head=None, attention=None, mlp=None, scan=None)
 
 
 #: The strategies that run a :class:`nuvec_mlx.TrainingStep`, and how.
 NUVEC_STEPS = {
-    "nuvec": NuvecStep("auto", nv_mlx_lm.chunked_loss),
-    "nuvec-unchunked": NuvecStep(None, default_loss),
-    "nuvec-mlp-chunks": NuvecStep("auto", nv_mlx_lm.chunked_loss, mlp_chunk=MLP_CHUNK),
-    "nuvec-ahead0": NuvecStep("auto", nv_mlx_lm.chunked_loss, ahead=0),
-    "nuvec-ahead2": NuvecStep("auto", nv_mlx_lm.chunked_loss, ahead=2),
+    "nuvec": NuvecStep(nv.Chunks()),
+    "nuvec-unchunked": NuvecStep(UNCHUNKED),
+    "nuvec-mlp-chunks": NuvecStep(nv.Chunks(mlp=MLP_CHUNK)),
+    "nuvec-ahead0": NuvecStep(nv.Chunks(), ahead=0),
+    "nuvec-ahead2": NuvecStep(nv.Chunks(), ahead=2),
 }
 STRATEGIES = ("none", "mlx-lm", *NUVEC_STEPS, "nuvec-mx-eval")
 #: A step that builds the whole logits is not run at this many elements or more: on MLX 0.32.4's CUDA
@@ -236,11 +241,8 @@ class Case:
         self.training: nv.TrainingStep | None = None
         if strategy in NUVEC_STEPS:
             how = NUVEC_STEPS[strategy]
-            nv.checkpoint_layers(self.model, attention_chunk=how.attention_chunk)
-            mlps = [nv_mlx_lm.feed_forward(b) for b in self.model.layers] if how.mlp_chunk else []
-            for mlp in mlps:
-                if mlp is not None:
-                    nv.checkpoint_module(mlp, chunk=how.mlp_chunk)
+            nv.checkpoint_layers(self.model)  # as nuvec_mlx.mlx_lm.train's checkpointed_blocks, for good
+            nv.chunk_layers(self.model, how.chunks)
             self.training = nv.TrainingStep(self.model, how.loss, self.optimizer, ahead=how.ahead)
             self.state = self.training.state
         else:
@@ -292,7 +294,7 @@ class Case:
         """Whether a step of ``seq`` tokens is run: not where it would build whole logits of
         :data:`LOGITS_LIMIT` elements or more (nuvec's chunked head never builds them)."""
         how = NUVEC_STEPS.get(self.strategy)
-        whole = how is None or how.loss is not nv_mlx_lm.chunked_loss
+        whole = how is None or how.chunks.head is None
         return not whole or self.workload.batch * seq * self.vocab < LOGITS_LIMIT
 
     def resident(self) -> int:

@@ -110,10 +110,10 @@ def notes(rows: list[dict], args: argparse.Namespace) -> list[str]:
         "and its `mx.eval`)",
         "- strategies: `none` and `mlx-lm` are mlx-lm's trainer step (`mx.compile` of `nn.value_and_grad`, "
         "`mx.eval`), `mlx-lm` with its `grad_checkpoint`; `nuvec` is `nuvec-mlx-lora --grad-checkpoint`'s step: "
-        "every block checkpointed (attention in query chunks, `attention_chunk='auto'`), the loss head in chunks "
-        "(`nuvec_mlx.mlx_lm.chunked_loss`), an `nv.TrainingStep` with the throttle "
+        "every block checkpointed and chunked along the sequence (`nv.chunk_layers(model, nv.Chunks())`), the loss "
+        "head in chunks (`nuvec_mlx.mlx_lm.chunked_loss`), an `nv.TrainingStep` with the throttle "
         f"{throttle.throttle_text(args.throttle)} and the device's stages ahead (`nv.default_ahead()`, here "
-        f"{default_ahead()}); `nuvec-unchunked` the same without chunks (`attention_chunk=None`, mlx-lm's "
+        f"{default_ahead()}); `nuvec-unchunked` the same without chunks (every `nv.Chunks` setting `None`, mlx-lm's "
         f"`default_loss`); `nuvec-mlp-chunks` with each block's MLP in chunks of {cases.MLP_CHUNK} tokens "
         "(`--mlp-chunk`); `nuvec-aheadN` with N stages queued ahead; `nuvec-mx-eval` nuvec's checkpoint on every "
         "block in mlx-lm's own step (`mx.compile`, `mx.eval`)",

@@ -12,15 +12,6 @@ The only part of nuvec_mlx that needs mlx-lm: ``pip install "nuvec-mlx[mlx-lm]"`
 
 from .lora import PROG, main
 from .losses import chunked_loss
-from .trainer import checkpointed_blocks, default_ahead, feed_forward, train, training_step
+from .trainer import checkpointed_blocks, train
 
-__all__ = [
-    "PROG",
-    "checkpointed_blocks",
-    "chunked_loss",
-    "default_ahead",
-    "feed_forward",
-    "main",
-    "train",
-    "training_step",
-]
+__all__ = ["PROG", "checkpointed_blocks", "chunked_loss", "main", "train"]

@@ -29,7 +29,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.tuner.trainer import default_loss
 
-from .. import _validate, losses
+from .. import _validate, chunking
 from ..chunks import SUM, checkpoint_chunks
 
 
@@ -165,7 +165,7 @@ def chunked_loss(
         model: an mlx-lm model.
         batch: token ids, ``(batch, tokens + 1)``.
         lengths: per row, the first and last position the loss counts (mlx-lm's ``lengths``).
-        chunk: tokens per chunk; ``"auto"`` for :func:`nuvec_mlx.losses.head_chunk`;
+        chunk: tokens per chunk; ``"auto"`` for :func:`nuvec_mlx.chunking.head_tokens`;
             ``None`` for mlx-lm's ``default_loss`` unchanged.
 
     Returns:
@@ -198,7 +198,7 @@ def chunked_loss(
     size = (
         chunk
         if isinstance(chunk, int)
-        else losses.head_chunk(hidden.shape[1], hidden.shape[2], head.vocabulary, hidden.shape[0])
+        else chunking.head_tokens(hidden.shape[1], hidden.shape[2], head.vocabulary, hidden.shape[0])
     )
 
     tokens = mask.sum()

@@ -28,6 +28,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
+from mlx.utils import tree_flatten
 
 try:
     from mlx_lm.tuner.callbacks import TrainingCallback
@@ -36,95 +37,52 @@ try:
 except ImportError as e:  # pragma: no cover - the extra is installed where this runs
     raise ImportError('nuvec_mlx.mlx_lm needs mlx-lm: pip install "nuvec-mlx[mlx-lm]"') from e
 
-from .. import _attention, _pytree, _registry, _validate
-from ..evaluate import default_ahead
-from ..nn import checkpoint_module, is_checkpointed, restoring
+from .. import _validate
+from ..chunking import Chunks, chunk_layers
+from ..nn import checkpoint_module, find_layers, is_checkpointed, restoring
 from ..planner import Plan
 from ..step import TrainingStep
 from . import _report
 from .losses import loss_for
 
-__all__ = ["checkpointed_blocks", "default_ahead", "train", "training_step"]
-
-
-def training_step(
-    model: nn.Module, optimizer: optim.Optimizer, loss: Callable = default_loss, grad_accumulation_steps: int = 1
-) -> tuple[Callable, list]:
-    """Deprecated: use :class:`nuvec_mlx.TrainingStep` (``TrainingStep(model, loss, optimizer, accumulate=n)``).
-
-    mlx-lm's training step as a compiled function of ``(batch, prev_grad,
-    do_update)`` returning ``(loss, tokens, grad)`` unevaluated, and the state
-    it updates: evaluate its results with ``nv.eval(state, loss, tokens, grad)``.
-
-    Example:
-        >>> step, state = training_step(model, optimizer)
-        >>> loss, tokens, _ = step(batch, None, True)
-        >>> nv.eval(state, loss, tokens)
-    """
-    _validate.deprecated("nuvec_mlx.mlx_lm.training_step", "nuvec_mlx.TrainingStep(model, loss, optimizer)")
-    _validate.check_optimizer(optimizer, "optimizer")
-    training = TrainingStep(model, loss, optimizer, accumulate=grad_accumulation_steps)
-    traced = training._trace()
-
-    def step(batch: tuple, prev_grad: Any, do_update: bool) -> tuple[mx.array, mx.array, Any]:
-        ((value, tokens), grad), stages = traced(tuple(batch), {}, prev_grad, do_update)
-        _registry.hand_on(
-            [a for _, a in _pytree.flatten([value, tokens, grad, training.state]) if isinstance(a, mx.array)], stages
-        )
-        return value, tokens, grad
-
-    return step, training.state
-
-
-#: The names mlx-lm's blocks give their feed-forward module (MLP, or mixture of experts), which treats tokens
-#: independently: what ``mlp_chunk`` checkpoints in chunks.
-FEED_FORWARD = ("mlp", "feed_forward", "block_sparse_moe")
-
-
-def feed_forward(block: nn.Module) -> nn.Module | None:
-    """``block``'s feed-forward module (its child named as in :data:`FEED_FORWARD`), or ``None``."""
-    _validate.check_module(block, "block")
-    return next((c for name in FEED_FORWARD if isinstance(c := block.get(name), nn.Module)), None)
+__all__ = ["checkpointed_blocks", "train"]
 
 
 @contextlib.contextmanager
-def checkpointed_blocks(
-    model: nn.Module, attention_chunk: int | str | None = "auto", mlp_chunk: int | None = None
-) -> Iterator[list[nn.Module]]:
-    """Checkpoint every block of ``model.layers`` inside, whatever its class; undone after.
+def checkpointed_blocks(model: nn.Module, chunks: Chunks | None = None) -> Iterator[list[nn.Module]]:
+    """Checkpoint every block of ``model.layers`` inside, whatever its class, and compute them along the
+    sequence in chunks as ``chunks`` says (:func:`nuvec_mlx.chunk_layers`); undone after.
 
     Blocks already checkpointed stay so.
 
     Args:
         model: an mlx-lm model (its repeated blocks are ``model.layers``).
-        attention_chunk: attention's query chunks (:func:`nuvec_mlx.checkpoint_module`).
-        mlp_chunk: ``None``, or the tokens per chunk of each checkpointed
-            block's feed-forward module (:func:`feed_forward`), checkpointed in
-            chunks inside it (:func:`nuvec_mlx.checkpoint_module`'s ``chunk``):
-            the block's backward pass then holds one chunk of the MLP's
-            intermediates; blocks without one are left whole.
+        chunks: attention's, the MLP's and the recurrences' chunks inside the
+            blocks; ``None`` for ``nv.Chunks()`` (the rules decide).
 
     Yields:
-        The blocks checkpointed here.
+        The blocks.
 
     Example:
         >>> with checkpointed_blocks(model):
         ...     loss, grads = nv.value_and_grad(model, default_loss)(model, batch, lengths)
     """
+    blocks = _blocks(model)
+    with restoring([m for b in blocks for m in b.modules()]):
+        for b in blocks:
+            if not is_checkpointed(b):
+                checkpoint_module(b)
+        chunk_layers(model, chunks, layers=blocks)
+        yield blocks
+
+
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    """``model.layers``, checked: the blocks of an mlx-lm model."""
     _validate.check_module(model, "model")
-    if mlp_chunk is not None:
-        _validate.check_int(mlp_chunk, "mlp_chunk", minimum=1)
     layers = getattr(model, "layers", None)
     if not isinstance(layers, (list, tuple)) or not layers:
         raise ValueError("model must have its blocks in model.layers (a list, as mlx-lm's models have)")
-    blocks = [b for i, b in enumerate(layers) if not is_checkpointed(_validate.check_module(b, f"model.layers[{i}]"))]
-    mlps = [m for b in blocks if mlp_chunk is not None and (m := feed_forward(b)) is not None]
-    with restoring(blocks + mlps):
-        for b in blocks:
-            checkpoint_module(b, attention_chunk=attention_chunk)
-        for m in mlps:
-            checkpoint_module(m, chunk=mlp_chunk)
-        yield blocks
+    return find_layers(model, [_validate.check_module(b, f"model.layers[{i}]") for i, b in enumerate(layers)])
 
 
 def train(
@@ -137,9 +95,7 @@ def train(
     iterate_batches: Callable = iterate_batches,
     training_callback: TrainingCallback | None = None,
     ahead: int | None = None,
-    attention_chunk: int | str | None = "auto",
-    loss_chunk: int | str | None = "auto",
-    mlp_chunk: int | None = None,
+    chunks: Chunks | None = None,
     plan: Plan | None = None,
 ) -> None:
     """``mlx_lm.tuner.trainer.train``, with nuvec's checkpoints and staged evaluation.
@@ -147,11 +103,11 @@ def train(
     The same arguments, batches, validation, report lines, callbacks and
     adapter files as mlx-lm's; the step is a :class:`nuvec_mlx.TrainingStep`.
     With ``args.grad_checkpoint`` every block of ``model.layers`` is
-    checkpointed for the run (:func:`checkpointed_blocks`), attention inside
-    them in query chunks where the backend trains it unfused, and mlx-lm's
-    default loss is computed with the loss head in chunks of tokens
-    (:func:`nuvec_mlx.mlx_lm.chunked_loss`); a loss of your own is used as it
-    is. Each report line ends with the highest peak memory of the steps since
+    checkpointed for the run and computed along the sequence in chunks
+    (:func:`checkpointed_blocks`: attention, the MLP, recurrences, as
+    ``chunks`` says), and mlx-lm's default loss is computed with the loss head
+    in chunks of tokens (:func:`nuvec_mlx.mlx_lm.chunked_loss`); a loss of your
+    own is used as it is. Each report line ends with the highest peak memory of the steps since
     the last report (active memory, weights and optimizer state included, read
     after :func:`mlx.core.synchronize` by :func:`nuvec_mlx.memory.measure`
     without clearing the cache), every rank's when launched distributed; the
@@ -165,19 +121,14 @@ def train(
         iterate_batches, training_callback: as for ``mlx_lm.tuner.trainer.train``.
         ahead: stages queued past the one waited for (:func:`nuvec_mlx.eval`'s
             ``ahead``): 0 for the lowest peak; ``None`` for :func:`default_ahead`.
-        attention_chunk: with ``grad_checkpoint``, attention's query chunks
-            (:func:`nuvec_mlx.checkpoint_module`): ``"auto"``, a size, or ``None``.
-        loss_chunk: with ``grad_checkpoint`` and mlx-lm's default loss, the
-            loss head's tokens per chunk (:func:`nuvec_mlx.mlx_lm.chunked_loss`):
-            ``"auto"``, a size, or ``None`` for mlx-lm's unchunked loss.
-        mlp_chunk: with ``grad_checkpoint``, ``None`` or the tokens per chunk
-            of each block's MLP inside the checkpointed block
-            (:func:`checkpointed_blocks`); unused with ``plan``.
+        chunks: with ``grad_checkpoint``, the chunks along the sequence
+            (:class:`nuvec_mlx.Chunks`: the loss head's, with mlx-lm's default
+            loss; attention's, the MLP's and the recurrences' inside the blocks);
+            ``None`` for ``nv.Chunks()``, every part ``"auto"``.
         plan: with ``grad_checkpoint``, a :class:`nuvec_mlx.Plan` (``nuvec-mlx-plan
             --save``, :meth:`nuvec_mlx.Plan.load_json`): the blocks are
             checkpointed as it says (:meth:`nuvec_mlx.Plan.apply`, for the run)
-            instead of every block, ``attention_chunk`` then unused; ``None``
-            for every block.
+            instead of every block; ``None`` for every block.
 
     Example:
         >>> from mlx_lm.tuner.trainer import TrainingArgs
@@ -197,24 +148,25 @@ def train(
             f"got {type(training_callback).__name__}"
         )
     _validate.check_int(args.grad_accumulation_steps, "grad_accumulation_steps", minimum=1)
+    chunks = Chunks() if chunks is None else chunks
+    if not isinstance(chunks, Chunks):
+        raise TypeError(f"chunks must be an nv.Chunks or None, got {type(chunks).__name__}")
     if args.grad_checkpoint and loss is default_loss:
-        loss = loss_for(_chunk(loss_chunk, "loss_chunk"))
+        loss = loss_for(chunks.head)
     step = TrainingStep(model, loss, optimizer, ahead=ahead, accumulate=args.grad_accumulation_steps)
     maybe_set_recommended_wired_limit()
-    blocks = (
-        checkpointed_blocks(model, _chunk(attention_chunk, "attention_chunk"), _size(mlp_chunk, "mlp_chunk"))
-        if plan is None
-        else _planned(model, plan)
-    )
+    blocks = checkpointed_blocks(model, chunks) if plan is None else _planned(model, plan, chunks)
     with blocks if args.grad_checkpoint else contextlib.nullcontext():
         _loop(model, optimizer, train_dataset, val_dataset, args, loss, iterate_batches, training_callback, step)
 
 
 @contextlib.contextmanager
-def _planned(model: nn.Module, plan: Plan) -> Iterator[None]:
-    """Inside, the blocks of ``model`` are checkpointed as ``plan`` says; after, as before."""
-    with restoring(list(model.layers)):
+def _planned(model: nn.Module, plan: Plan, chunks: Chunks) -> Iterator[None]:
+    """Inside, the blocks of ``model`` are checkpointed as ``plan`` says, and chunked; after, as before."""
+    blocks = _blocks(model)
+    with restoring([m for b in blocks for m in b.modules()]):
         plan.apply(model)
+        chunk_layers(model, chunks, layers=blocks)
         yield
 
 
@@ -301,25 +253,10 @@ def _validate_model(model, val_dataset, args, loss, iterate_batches, callback, u
 
 def _save_adapters(model: nn.Module, adapter_file: str | Path, it: int | None = None) -> Path:
     """Save the trainable parameters to ``adapter_file`` (and, at iteration ``it``, a numbered copy)."""
-    weights = dict(_pytree.flatten(model.trainable_parameters()))
+    weights = dict(tree_flatten(model.trainable_parameters()))
     mx.save_safetensors(str(adapter_file), weights)
     if it is None:
         return Path(adapter_file)
     numbered = Path(adapter_file).parent / f"{it:07d}_adapters.safetensors"
     mx.save_safetensors(str(numbered), weights)
     return numbered
-
-
-def _off(setting: object) -> bool:
-    """Whether a chunk setting turns chunks off: ``None``, or 0 (as on the command line)."""
-    return setting is None or (setting == 0 and not isinstance(setting, bool))
-
-
-def _size(setting: object, name: str) -> int | None:
-    """A chunk size with no ``"auto"``: ``None`` (0 too: off) or an int >= 1."""
-    return None if _off(setting) else _validate.check_int(setting, name, minimum=1)
-
-
-def _chunk(setting: object, name: str) -> int | str | None:
-    """A chunk setting: ``"auto"``, ``None`` (0 too: off) or a size."""
-    return None if _off(setting) else _attention.check(setting, name)

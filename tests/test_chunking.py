@@ -1,8 +1,11 @@
-"""Attention in query chunks inside nuvec's checkpoints (attention_chunk): exact, by the backend's rule,
-one chunk's scores at a time, and mx.fast left as it was."""
+"""nv.chunk_layers and nv.Chunks: a model's blocks along the sequence in chunks (attention in query chunks,
+the MLP in token chunks), exact, by the backend's rule, one chunk at a time, and nothing changed outside the
+instances asked for."""
+
+import pickle
+import threading
 
 import mlx.core as mx
-import mlx.nn as nn
 import mlx.optimizers as optim
 import pytest
 from mlx.utils import tree_flatten
@@ -78,12 +81,14 @@ def batch(tokens: int):
 
 
 def gradients(model, setting, tokens):
-    """The loss and gradients of a step with every block checkpointed, attention chunked as ``setting`` says,
-    and the kinds of the step's stages."""
-    nv.checkpoint_layers(model, attention_chunk=setting)
+    """The loss and gradients of a step with every block checkpointed, attention chunked as ``setting`` says
+    (the MLP whole), and the kinds of the step's stages."""
+    nv.checkpoint_layers(model)
+    nv.chunk_layers(model, nv.Chunks(attention=setting, mlp=None))
     step = nv.TrainingStep(model, default_loss, compile=False)
     with nv.memory.timeline() as timeline:
         ((loss, _), grads) = step(*batch(tokens))
+    nv.chunk_layers(model, enable=False)
     nv.checkpoint_layers(model, enable=False)
     return loss, [g for _, g in tree_flatten(grads)], [r.kind for r in timeline.readings]
 
@@ -121,21 +126,57 @@ def test_auto_leaves_attention_whole_where_it_is_fused(monkeypatch):
     assert "chunk" in gradients(model, "auto", 80)[2]  # head size 8: chunks of 32 queries on the CPU
 
 
-def test_mx_fast_is_put_back_after_a_step_and_after_an_error():
+def test_only_the_instances_asked_for_change_and_mlx_is_untouched():
+    """No process-wide patch: mx.fast's function, another model of the same classes, and a thread that calls
+    attention while a chunked step runs all see MLX's own attention."""
     original = mx.fast.scaled_dot_product_attention
+    chunked, other = MODELS["llama"](), MODELS["llama"]()
+    nv.chunk_layers(chunked, nv.Chunks(attention=16))
+    assert mx.fast.scaled_dot_product_attention is original
+    assert type(other.layers[0].self_attn) is not type(chunked.layers[0].self_attn)
+    assert type(other.layers[0].self_attn) is nv.nn.original_class(chunked.layers[0].self_attn)
+    kinds: list = []
+
+    def elsewhere():  # another model's step, in another thread, at the same time
+        step = nv.TrainingStep(other, default_loss, compile=False)
+        with nv.memory.timeline() as timeline:
+            step(*batch(40))
+        kinds.extend(r.kind for r in timeline.readings)
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    assert "chunk" in gradients(chunked, 16, 40)[2]
+    thread.join()
+    assert kinds and "chunk" not in kinds
+
+
+def test_a_chunked_model_pickles_chunked_and_chunks_compose_with_checkpoints_either_way():
     model = MODELS["llama"]()
-    gradients(model, 16, 40)
-    assert mx.fast.scaled_dot_product_attention is original
+    nv.chunk_layers(model, nv.Chunks(attention=16))
+    nv.checkpoint_module(model.layers[0].self_attn)  # a rerouted module, checkpointed after
+    loaded = pickle.loads(pickle.dumps(model))
+    for m in (model, loaded):
+        attention = m.layers[0].self_attn
+        assert nv.is_checkpointed(attention) and "scaled_dot_product_attention" in nv.nn.routes(attention)
+    nv.chunk_layers(model, enable=False)  # the checkpoint stays, the route goes
+    attention = model.layers[0].self_attn
+    assert nv.is_checkpointed(attention) and not nv.nn.routes(attention)
+    nv.chunk_layers(model, nv.Chunks(attention=16))  # rerouted while checkpointed
+    assert nv.is_checkpointed(attention) and nv.nn.routes(attention)
+    nv.checkpoint_module(attention, enable=False)
+    assert not nv.is_checkpointed(attention) and nv.nn.routes(attention)
 
-    class Failing(nn.Module):
-        def __call__(self, x):
-            raise RuntimeError("inside the block, after its attention")
 
-    nv.checkpoint_layers(model, attention_chunk=16)
-    model.layers[0].mlp = Failing()
-    with pytest.raises(RuntimeError, match="after its attention"):
-        nv.TrainingStep(model, default_loss)(*batch(40))
-    assert mx.fast.scaled_dot_product_attention is original
+def test_chunks_settings_are_checked_and_zero_from_a_command_line_is_none():
+    assert nv.Chunks.from_settings(mlp=0, attention="auto", head=None) == nv.Chunks(mlp=None)
+    with pytest.raises(TypeError, match="attention must be 'auto', None or an int chunk size, got 'on'"):
+        nv.Chunks(attention="on")
+    with pytest.raises(ValueError, match="mlp must be >= 1, got -2"):
+        nv.Chunks(mlp=-2)
+    with pytest.raises(
+        TypeError, match=r"Chunks has the settings \['attention', 'head', 'mlp', 'scan'\], got \['loss'\]"
+    ):
+        nv.Chunks.from_settings(loss=8)
 
 
 @pytest.mark.slow
@@ -153,8 +194,9 @@ def test_the_step_s_peak_grows_with_tokens_not_their_square(compiled):
         tie_word_embeddings=True,
     )
     rises = {}
+    nv.checkpoint_layers(model)
     for setting in ("auto", None):
-        nv.checkpoint_layers(model, attention_chunk=setting)
+        nv.chunk_layers(model, nv.Chunks(attention=setting, mlp=None))
         step = nv.TrainingStep(model, default_loss, optim.SGD(0.0))
         for tokens in (512, 1024):
             step(*batch(tokens))  # traced for this length
