@@ -19,8 +19,7 @@ import mlx.optimizers as optim
 from mlx_lm.models import llama
 
 import nuvec_mlx as nv
-
-MiB = 1 << 20
+from nuvec_mlx.memory import MiB
 
 
 def llama_and_tokens() -> tuple[nn.Module, mx.array, Callable]:

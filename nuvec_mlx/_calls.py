@@ -132,28 +132,32 @@ def call_flat(transform: FlatTransform, fn: Callable, args: tuple, kwargs: dict)
         ValueError: a later run of ``fn`` returned other non-array leaves or
             another structure than the first.
     """
-    found = _pytree.leaves((list(args), kwargs))
-    positions = [i for i, v in enumerate(found) if isinstance(v, mx.array)]
-    holding = _Holding(_outermost([*(v for v in found if _pytree.is_module(v)), *_capture.modules(fn)]))
-    first: list[Any] = []  # the first run's output (its structure and non-array leaves)
+    leaves = _pytree.leaves((list(args), kwargs))
+    positions = [i for i, v in enumerate(leaves) if isinstance(v, mx.array)]
+    holding = _Holding(_outermost([*(v for v in leaves if _pytree.is_module(v)), *_capture.modules(fn)]))
+    xs = [leaves[i] for i in positions] + holding.arrays
+    # The call's other leaves, its arrays left out: flat is kept as long as a checkpoint's rules are, and
+    # must not keep the arrays it is given (a segment's inner blocks' inputs are not kept).
+    found = _pytree.substitute(leaves, positions, [None] * len(positions))
+    template = _pytree.rebuild((list(args), kwargs), found)
+    first: list[Any] = []  # the skeleton of the first run's output (its structure and non-array leaves)
 
     def flat(xs: list[mx.array]) -> list[mx.array]:
-        a, kw = _pytree.rebuild((list(args), kwargs), _pytree.substitute(found, positions, xs[: len(positions)]))
+        a, kw = _pytree.rebuild(template, _pytree.substitute(found, positions, xs[: len(positions)]))
         out = holding.run(xs[len(positions) :], not first, lambda: fn(*a, **kw))
         if not first:
-            first.append(out)
-        elif not _equal(_skeleton(out), _skeleton(first[0])):
+            first.append(_skeleton(out))
+        elif not _equal(_skeleton(out), first[0]):
             raise ValueError(
                 f"checkpoint: fn ({_validate.name_of(fn)}) returned "
                 f"{reprlib.repr(_skeleton(out))} when recomputed in the backward pass, but "
-                f"{reprlib.repr(_skeleton(first[0]))} in the forward pass; its outputs that are "
+                f"{reprlib.repr(first[0])} in the forward pass; its outputs that are "
                 "not arrays must be equal (==) each time fn runs"
             )
         return [v for v in _pytree.leaves(out) if isinstance(v, mx.array)]
 
     flat.__name__ = flat.__qualname__ = _validate.name_of(fn)  # for messages about fn
-    xs = [found[i] for i in positions] + holding.arrays
     with _constants.constant_inputs(holding.constants, add=True), _marks.holding(holding.modules):
         out = transform(flat)(xs)  # runs flat, which records the output's structure
     arrays = iter(out)
-    return tree_map(lambda v: next(arrays) if isinstance(v, mx.array) else v, first[0], is_leaf=_pytree.is_module)
+    return tree_map(lambda v: next(arrays) if v is _ARRAY else v, first[0], is_leaf=_pytree.is_module)

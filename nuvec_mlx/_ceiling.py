@@ -17,9 +17,7 @@ import contextlib
 import contextvars
 from collections.abc import Iterator
 
-from . import _peak, _registry, _validate
-
-MiB = 1 << 20
+from . import _peak, _registry, _units, _validate
 
 _ceiling: contextvars.ContextVar[int | None] = contextvars.ContextVar("nuvec_mlx_ceiling", default=None)
 
@@ -44,8 +42,8 @@ class _Watch:
         if reached > self.nbytes:
             where = "the outputs" if stage_kind == "outputs" else f"{stage_kind} stage {index + 1} of {count}"
             raise MemoryError(
-                f"nv.eval stopped after {where}: MLX memory reached {reached / MiB:.1f} MiB, above the "
-                f"ceiling of {self.nbytes / MiB:.1f} MiB (nv.memory.ceiling); a step of nv.TrainingStep or "
+                f"nv.eval stopped after {where}: MLX memory reached {reached / _units.MiB:.1f} MiB, above the "
+                f"ceiling of {self.nbytes / _units.MiB:.1f} MiB (nv.memory.ceiling); a step of nv.TrainingStep or "
                 "nv.compile is put back as it was before it: try a smaller batch or more checkpoints"
             )
 

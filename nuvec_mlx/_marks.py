@@ -61,6 +61,8 @@ class _Step:
     optimizers: list[Any] = dataclasses.field(default_factory=list)
     #: The modules whose gradients a backward stage ends, and their parameters' ids then.
     parameters: dict[int, tuple[Any, list[int]]] = dataclasses.field(default_factory=dict)
+    #: The segments of checkpointed blocks being built, by their link's segment (see :func:`segments`).
+    segments: dict[object, Any] = dataclasses.field(default_factory=dict)
 
 
 _step: contextvars.ContextVar[_Step | None] = contextvars.ContextVar("nuvec_mlx_step", default=None)
@@ -118,6 +120,13 @@ def optimizers() -> list[Any]:
     """The optimizers whose update the step being built staged (their state is the step's)."""
     step = _step.get()
     return list(step.optimizers) if step is not None else []
+
+
+def segments() -> dict[object, Any] | None:
+    """The segments of consecutive checkpointed blocks the step being built has made so far (each block
+    of a segment but the first recomputes its input from the first's), or ``None`` outside a step."""
+    step = _step.get()
+    return step.segments if step is not None else None
 
 
 def collector() -> list[mx.array] | None:

@@ -19,9 +19,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from . import _marks, _peak, _registry, _validate
-
-MiB = 1 << 20
+from . import _marks, _peak, _registry, _units, _validate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +75,7 @@ class Timeline:
         """Where the step peaks, in one sentence."""
         top = self.peak()
         return (
-            f"peak {top.peak / MiB:.1f} MiB during {top.name()} "
+            f"peak {top.peak / _units.MiB:.1f} MiB during {top.name()} "
             f"(stage {top.index + 1} of evaluation {top.evaluation + 1}, {len(self.readings)} readings)"
         )
 
@@ -111,7 +109,7 @@ class Timeline:
         t = [r.seconds * 1e3 for r in self.readings]
         fig = Figure(figsize=(8, 4))
         ax = fig.subplots()
-        ax.step(t, [r.active / MiB for r in self.readings], where="post", label="active after the stage")
+        ax.step(t, [r.active / _units.MiB for r in self.readings], where="post", label="active after the stage")
         colors = {
             "forward": "tab:blue",
             "backward": "tab:orange",
@@ -124,14 +122,14 @@ class Timeline:
             if rs:
                 ax.scatter(
                     [x for x, _ in rs],
-                    [r.peak / MiB for _, r in rs],
+                    [r.peak / _units.MiB for _, r in rs],
                     color=colors[kind],
                     s=14,
                     label=f"peak during a {kind} stage" if kind != "outputs" else "peak: outputs",
                 )
         ax.annotate(
             f"peak: {top.name()}",
-            (top.seconds * 1e3, top.peak / MiB),
+            (top.seconds * 1e3, top.peak / _units.MiB),
             xytext=(10, -14),
             textcoords="offset points",
             fontsize=8,

@@ -68,6 +68,41 @@ def _signature(arrays: Sequence[mx.array]) -> list[tuple[tuple[int, ...], mx.Dty
     return [(tuple(a.shape), a.dtype) for a in arrays]
 
 
+#: Where a checkpointed call sits in a segment of consecutive blocks: the segment, and its position there.
+Link = tuple[object, int]
+
+
+class _Segment:
+    """The calls of one segment of consecutive checkpointed blocks, in the order the forward pass made them.
+
+    Each call's carried input (its first array: the hidden state blocks pass on) is the previous call's
+    first output; only the first call's is kept between the forward and the backward pass. When the
+    backward pass reaches the segment (at its last call), the others' carried inputs are recomputed from
+    the first's, each a stage, and each call then recomputes and differentiates itself as a checkpoint
+    does: the segment's carried inputs and one block's backward pass are alive at a time.
+    """
+
+    def __init__(self, first: _Call, position: int):
+        self.calls = [first]
+        self.next = position + 1  # the position in the link of the call that may join next
+        self.start = first.xs[0]
+        self.inputs: dict[int, mx.array] = {}  # the carried inputs recomputed and not yet taken, by call
+        self.recomputed = 0  # the calls whose carried inputs are recomputed: 1 ... recomputed
+        self.carried: mx.array | None = None  # the last call's carried output, as the model received it
+
+    def carried_input(self, index: int, cotangents: list[mx.array]) -> mx.array:
+        """The carried input of ``calls[index]``, recomputed (once for the segment, as far as needed) and
+        handed over (the segment no longer holds it); the first recomputation reads the first call's input
+        through ``cotangents``, so that it waits for the backward pass to reach the segment."""
+        if index > self.recomputed:
+            x = _depends.depends([self.start], cotangents)[0]
+            for i in range(index):
+                x = self.calls[i].rerun(x, cotangents)
+                self.inputs[i + 1] = x
+            self.recomputed = index
+        return self.inputs.pop(index)
+
+
 class _Call:
     """One call of a checkpointed ``fn``: its inputs, and the rules ``mx.custom_function`` runs.
 
@@ -82,8 +117,10 @@ class _Call:
         xs: list[mx.array],
         captured: str,
         policy: policies.Policy | None,
+        link: Link | None = None,
     ):
         self.fn, self.xs, self.captured = fn, xs, captured
+        self.segment, self.index = _join(self, link) if link is not None else (None, 0)
         self.kept = _saving.Record(policy)  # forward values the recomputation reuses
         self.diff = [i for i, x in enumerate(xs) if _validate.is_differentiable(x)]
         # The inputs whose gradients are wanted.
@@ -122,10 +159,22 @@ class _Call:
             )
         return out
 
+    def rerun(self, carried: mx.array, cotangents: list[mx.array]) -> mx.array:
+        """This call's carried output, computed again from ``carried`` (its carried input, recomputed) and its
+        other inputs as the forward pass had them (read through ``cotangents``), with the forward's draws: a
+        stage of its own."""
+        others = _depends.depends_floating(self.xs[1:], cotangents)
+        key = _depends.depends([self.key], cotangents)[0]
+        with _random.drawing_from(key), _gradient.building(False):
+            out = self.run([carried, *others])
+        return _marks.mark([mx.stop_gradient(out[0])], _marks.FORWARD)[0]
+
     def backward(self, primals: list[mx.array], cotangents: Sequence[mx.array], outputs: Any) -> list[mx.array]:
         zeros = [mx.zeros_like(p) for p in primals]
         if not self.wanted:  # every input a constant: nothing to recompute
             return zeros
+        if self.segment is not None and self.index > 0:  # its carried input, recomputed from the segment's first
+            primals = [self.segment.carried_input(self.index, list(cotangents)), *primals[1:]]
         # Read through the cotangents: the recomputation, its random draws
         # included, waits for the backward pass to reach this block.
         primals = _depends.depends_floating(primals, list(cotangents))
@@ -158,6 +207,25 @@ class _Call:
         with _random.drawing_from(self.key):
             out = checkpoint_flat(batched, captured=self.captured, policy=self.kept.policy)(xs)
         return out, [0] * len(out)
+
+
+def _join(call: _Call, link: Link) -> tuple[_Segment | None, int]:
+    """The segment ``call`` joins as ``link`` says, and its index there: the segment of the step being built
+    under ``link``'s key if ``call`` is its next block and reads the last one's carried output; else a new
+    segment (a first block, a block whose model changed the carried value between blocks); ``None`` outside a
+    step's gradient (nothing to recompute)."""
+    segments = _marks.segments()
+    if segments is None or not call.xs or not _validate.is_differentiable(call.xs[0]):
+        return None, 0
+    key, position = link
+    segment = segments.get(key)
+    if segment is not None and segment.next == position and segment.carried is call.xs[0]:
+        segment.calls.append(call)
+        segment.next += 1
+        segment.carried = None  # this call's input now: not kept (its own output is carried next)
+        return segment, len(segment.calls) - 1
+    segments[key] = _Segment(call, position)
+    return segments[key], 0
 
 
 def checkpoint_flat(
@@ -200,14 +268,20 @@ def checkpoint_flat(
         >>> h = block([x, w])[0]
     """
     _validate.check_callable(fn, "fn")
-    captured = _check_captured(captured)
-    policy = _policies.check_policy(policy)
+    return linked(fn, policy=_policies.check_policy(policy), captured=_check_captured(captured))
+
+
+def linked(
+    fn: FlatFn, *, policy: policies.Policy | None, captured: str, link: Link | None = None
+) -> Callable[[Sequence[mx.array]], list[mx.array]]:
+    """:func:`checkpoint_flat` of checked arguments, as the ``link``-th block of a segment of consecutive
+    checkpointed blocks (:class:`_Segment`; ``None``: on its own)."""
     if _policies.recomputes_nothing(policy):
         return _saving.unrecomputed(fn, _constants.is_constant)
 
     @functools.wraps(fn)
     def checkpointed(xs: Sequence[mx.array]) -> list[mx.array]:
-        call = _Call(fn, _validate.check_array_list(xs, "xs"), captured, policy)
+        call = _Call(fn, _validate.check_array_list(xs, "xs"), captured, policy, link)
         if not call.diff:
             return call.run(call.xs)
         if _in_shapeless_trace():
@@ -226,7 +300,13 @@ def checkpoint_flat(
         out = list(cast(list[mx.array], block(call.xs)))
         if call.empty:
             return []
-        return out if captured == "constant" else _depends.also_into(out, call.graph)
+        out = out if captured == "constant" else _depends.also_into(out, call.graph)
+        call.graph = []  # held by also_into's node while needed; held here, the rules would keep it (eagerly)
+        if call.segment is not None:
+            call.segment.carried = out[0]
+            if call.index > 0:  # not kept: the segment recomputes it
+                call.xs[0] = mx.array(0.0)
+        return out
 
     return checkpointed
 

@@ -22,9 +22,11 @@ import mlx.core as mx
 from . import _distributed, _peak, _validate
 from ._ceiling import ceiling
 from ._timeline import StageReading, Timeline, timeline
+from ._units import MiB
 
 __all__ = [
     "DEFAULT_THROTTLE",
+    "MiB",
     "Measurement",
     "StageReading",
     "Stats",
@@ -40,7 +42,7 @@ __all__ = [
 ]
 
 #: The default throttle of staged evaluations on CPU, in bytes (a GPU has none): see :func:`current_throttle`.
-DEFAULT_THROTTLE = 1 << 20
+DEFAULT_THROTTLE = MiB
 
 _throttle: contextvars.ContextVar[float | None] = contextvars.ContextVar("nuvec_mlx_throttle", default=None)
 

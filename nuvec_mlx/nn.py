@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
@@ -21,25 +22,30 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import _calls, _policies, _reroute, _validate, policies
-from .checkpoint import checkpoint_flat
+from .checkpoint import Link, checkpoint_flat, linked
 from .chunks import checkpoint_chunks
 
 #: A module's chunk setting: tokens per chunk, or a rule ``(module, first argument) -> tokens or None``
 #: (``None``: the call whole), asked at each call.
 ChunkSize = int | Callable[[nn.Module, mx.array], int | None]
 
-_subclasses: dict[tuple[type, Callable | None, ChunkSize | None], type[nn.Module]] = {}
-#: The attribute a checkpointed class keeps its settings under: (the class beneath, policy, chunk).
+_subclasses: dict[tuple, type[nn.Module]] = {}
+#: The attribute a checkpointed class keeps its settings under: (the class beneath, policy, chunk, link).
 _KEY = "_nuvec_checkpoint"
+_segments = itertools.count()  # each call of checkpoint_layers with segments makes its own
 
 
 def _checkpointed_class(
-    cls: type[nn.Module], policy: policies.Policy | None = None, chunk: ChunkSize | None = None
+    cls: type[nn.Module],
+    policy: policies.Policy | None = None,
+    chunk: ChunkSize | None = None,
+    link: Link | None = None,
 ) -> type[nn.Module]:
-    """The cached subclass of ``cls`` whose ``__call__`` runs checkpointed with ``policy``, or in chunks."""
-    key = (cls, policy, chunk)
+    """The cached subclass of ``cls`` whose ``__call__`` runs checkpointed with ``policy``, or in chunks, or
+    as a block of a segment (``link``)."""
+    key = (cls, policy, chunk, link)
     if key not in _subclasses:
-        transform = functools.partial(checkpoint_flat, policy=policy)
+        transform = functools.partial(linked, policy=policy, captured="differentiate", link=link)
 
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
             # The class beneath's __call__, bound: self and what its code reaches are captured.
@@ -52,7 +58,7 @@ def _checkpointed_class(
             # Pickled by reference to the original class and the routes (the subclasses are
             # made at run time, pickle could not find them), and made again on load.
             original, routes, _ = _layers(self)
-            made = (original, tuple(sorted(routes.items())), policy, chunk)
+            made = (original, tuple(sorted(routes.items())), policy, chunk, link)
             return (_new_checkpointed, made, *object.__reduce_ex__(self, protocol)[2:])
 
         # type() with three arguments is typed as making a type; it makes a subclass of cls.
@@ -130,11 +136,15 @@ def _in_chunks(module: nn.Module, call: Callable[..., Any], chunk: ChunkSize, ar
 
 
 def _new_checkpointed(
-    original: type[nn.Module], routes: tuple, policy: policies.Policy | None, chunk: ChunkSize | None
+    original: type[nn.Module],
+    routes: tuple,
+    policy: policies.Policy | None,
+    chunk: ChunkSize | None,
+    link: Link | None = None,
 ) -> nn.Module:
     """An empty checkpointed instance of ``original`` rerouted with ``routes``, for pickle and copy to fill."""
     beneath = _reroute.rerouted_class(original, dict(routes)) if routes else original
-    sub = _checkpointed_class(beneath, policy, chunk)
+    sub = _checkpointed_class(beneath, policy, chunk, link)
     return sub.__new__(sub)
 
 
@@ -234,7 +244,7 @@ def in_chunks(
     if enable:
         _check_has_call(module, "module")
     original, routes, _ = _layers(module)
-    _assemble(module, routes, (original, policy, chunk) if enable else None)
+    _assemble(module, routes, (original, policy, chunk, None) if enable else None)
     return module
 
 
@@ -276,8 +286,22 @@ def checkpoint_layers(
     every: int = 1,
     enable: bool = True,
     policy: policies.Policy | None = None,
+    segment: int | str = 1,
 ) -> int:
     """Checkpoint (or, with ``enable=False``, un-checkpoint) a model's blocks.
+
+    With ``segment=k``, each run of ``k`` consecutive blocks is a segment:
+    only the input of its first block is kept between the forward and the
+    backward pass, not every block's. When the backward pass reaches a
+    segment, the inputs of its other blocks are recomputed from the first's
+    (one block's forward pass at a time), and each block is then recomputed
+    and differentiated as a checkpointed block is: the step keeps
+    ``n / k`` blocks' inputs plus one segment's ``k``, and one more forward
+    pass of the blocks in each segment but its last; ``k = sqrt(n)`` keeps
+    the fewest (Chen et al., 2016). For sequences so long that the blocks'
+    inputs are most of the step's peak. A block whose input is not the
+    previous block's output as the model passes it on (a model that changes
+    the hidden state between blocks) starts a segment of its own.
 
     Args:
         model: the model.
@@ -286,6 +310,9 @@ def checkpoint_layers(
         every: wrap every ``every``-th block (0, every, 2*every, ...).
         enable: wrap (True) or unwrap (False).
         policy: as for :func:`checkpoint_module`.
+        segment: blocks per segment (an int >= 1; 1, the default, keeps every
+            block's input), or ``"sqrt"`` for ``ceil(sqrt(n))``; more than 1
+            needs ``every=1`` and no ``policy``.
 
     Returns:
         How many blocks were wrapped, took another policy, or were unwrapped:
@@ -296,7 +323,8 @@ def checkpoint_layers(
             through a checkpoint); nothing is wrapped then.
 
     Example:
-        >>> nv.checkpoint_layers(model)            # every block
+        >>> nv.checkpoint_layers(model)               # every block
+        >>> nv.checkpoint_layers(model, segment=4)    # every 4th block's input kept
         >>> nv.checkpoint_layers(model, enable=False)
     """
     _validate.check_module(model, "model")
@@ -304,14 +332,34 @@ def checkpoint_layers(
     _validate.check_bool(enable, "enable")
     policy = _policies.check_policy(policy)
     blocks = find_layers(model, layers)
+    size = _segment_size(segment, len(blocks))
+    if size > 1 and (every != 1 or policy is not None):
+        raise ValueError(
+            f"segment must be 1 with every={every} or a policy: a segment recomputes its blocks' inputs from "
+            f"its first block's, every block checkpointed without a policy; got segment={segment!r}"
+        )
     for i, block in enumerate(blocks):
         if enable and i % every == 0:
             _check_has_call(block, f"layers[{i}]")  # before any block is wrapped
+    if size > 1 and enable:
+        key = next(_segments)
+        return sum(
+            _assemble(b, _layers(b)[1], (_layers(b)[0], None, None, (key, i % size))) for i, b in enumerate(blocks)
+        )
     count = 0
     for block in blocks[::every]:
         before = type(block)
         count += type(checkpoint_module(block, enable, policy)) is not before
     return count
+
+
+def _segment_size(segment: object, n: int) -> int:
+    """``segment`` as a number of blocks: an int >= 1, or ``"sqrt"`` of ``n`` blocks."""
+    if segment == "sqrt":
+        return max(1, math.ceil(math.sqrt(n)))
+    if isinstance(segment, str):
+        raise ValueError(f"segment must be 'sqrt' or an int, got {segment!r}")
+    return _validate.check_int(segment, "segment", minimum=1)
 
 
 def checkpoint_sequential(

@@ -7,6 +7,8 @@ then ``benchmarks/train/`` (installed as nuvec_mlx_bench.train): its lengths, ca
 import dataclasses
 import itertools
 import json
+import signal
+import sys
 
 import mlx.core as mx
 import numpy as np
@@ -17,20 +19,24 @@ from mlx_lm.tuner.trainer import default_loss
 import nuvec_mlx as nv
 from nuvec_mlx import mlx_lm as nv_mlx_lm
 from nuvec_mlx import testing
-from nuvec_mlx_bench.train import cases, command, lengths, report
+from nuvec_mlx.memory import MiB
+from nuvec_mlx_bench.core import options
+from nuvec_mlx_bench.train import cases, command, lengths, long, long_report, report, trainers
 from nuvec_mlx_bench.train.cases import NUVEC_STEPS, STRATEGIES, Case, TrainWorkload
 
 TINY = TrainWorkload("llama", batch=2, seq=32, hidden=32, layers=2, vocab=64)
 SMALLEST = ["--hidden", "32", "--layers", "2", "--seq", "32", "--vocab", "64", "--repeats", "1"]
-MiB = 1 << 20
 
 # The public configurations as published (hidden / layers / heads / kv heads / head dim / intermediate /
 # vocabulary / tied), written out again here so that a typo in either place fails.
 PUBLISHED = {
     "llama-3.2-1b": (2048, 16, 32, 8, 64, 8192, 128256, True),
     "llama-3.2-3b": (3072, 28, 24, 8, 128, 8192, 128256, True),
+    "llama-3.1-8b": (4096, 32, 32, 8, 128, 14336, 128256, False),
     "qwen3-0.6b": (1024, 28, 16, 8, 128, 3072, 151936, True),
     "qwen3-1.7b": (2048, 28, 16, 8, 128, 6144, 151936, True),
+    "qwen3-8b": (4096, 36, 32, 8, 128, 12288, 151936, False),
+    "qwen3.5-0.8b": (1024, 24, 8, 2, 256, 3584, 248320, True),
     "gemma-3-1b": (1152, 26, 4, 1, 256, 6912, 262144, True),
     "smollm2-1.7b": (2048, 24, 32, 32, 64, 8192, 49152, True),
     "qwen3-30b-a3b": (2048, 48, 32, 4, 128, 6144, 151936, False),
@@ -124,8 +130,11 @@ def test_the_public_configurations_are_as_published():
     assert types == {
         "llama-3.2-1b": "llama",
         "llama-3.2-3b": "llama",
+        "llama-3.1-8b": "llama",
         "qwen3-0.6b": "qwen3",
         "qwen3-1.7b": "qwen3",
+        "qwen3-8b": "qwen3",
+        "qwen3.5-0.8b": "qwen3_5",
         "gemma-3-1b": "gemma3_text",
         "smollm2-1.7b": "llama",
         "qwen3-30b-a3b": "qwen3_moe",
@@ -133,6 +142,29 @@ def test_the_public_configurations_are_as_published():
     gemma, moe = testing.PUBLIC_CONFIGS["gemma-3-1b"], testing.PUBLIC_CONFIGS["qwen3-30b-a3b"]
     assert (gemma["sliding_window"], gemma["sliding_window_pattern"], gemma["query_pre_attn_scalar"]) == (512, 6, 256)
     assert (moe["num_experts"], moe["num_experts_per_tok"], moe["moe_intermediate_size"]) == (128, 8, 768)
+
+
+def test_the_long_suite_s_configurations_have_their_published_positions_norms_and_layers():
+    llama, qwen, hybrid = (testing.PUBLIC_CONFIGS[n] for n in ("llama-3.1-8b", "qwen3-8b", "qwen3.5-0.8b"))
+    assert llama["rope_scaling"] == {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    }
+    assert (llama["rope_theta"], llama["rms_norm_eps"], llama["max_position_embeddings"]) == (500000.0, 1e-5, 131072)
+    assert (qwen["rope_theta"], qwen["rms_norm_eps"], qwen["max_position_embeddings"]) == (1000000.0, 1e-6, 40960)
+    linear = tuple(
+        hybrid[f"linear_{k}"] for k in ("num_key_heads", "num_value_heads", "key_head_dim", "value_head_dim")
+    )
+    assert linear == (16, 16, 128, 128) and (hybrid["linear_conv_kernel_dim"], hybrid["full_attention_interval"]) == (
+        4,
+        4,
+    )
+    rope = hybrid["rope_parameters"]
+    assert (rope["rope_theta"], rope["partial_rotary_factor"], hybrid["max_position_embeddings"]) == (1e7, 0.25, 262144)
+    assert testing.PUBLIC_CONFIGS["llama-3.2-1b"]["rope_scaling"]["factor"] == 32.0  # 3.1's own copy, not 3.2's
 
 
 def test_a_public_configuration_at_fewer_layers_is_a_copy():
@@ -159,14 +191,19 @@ def test_public_config_names_what_it_cannot_take(name, layers, message):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(testing.PUBLIC_CONFIGS))
 def test_every_public_configuration_builds_shallow_and_runs_with_its_heads_and_vocabulary(name):
-    """At its full width and vocabulary, one layer deep (six for Gemma 3: its first global layer)."""
-    config = testing.public_config(name, layers=6 if name == "gemma-3-1b" else 1)
+    """At its full width and vocabulary, one layer deep (six for Gemma 3: its first global layer; four for
+    Qwen3.5: its first attention layer, after three gated delta-net ones)."""
+    config = testing.public_config(name, layers={"gemma-3-1b": 6, "qwen3.5-0.8b": 4}.get(name, 1))
     # MLX's CPU gather matmul (the experts') takes float32 only.
     model, _ = testing.mlx_lm_model(config, "float32" if name == "qwen3-30b-a3b" else "bfloat16")
     hidden, _, heads, kv_heads, head_dim, _, vocab, tied = PUBLISHED[name]
-    attention = model.layers[0].self_attn
-    assert (attention.n_heads, attention.n_kv_heads) == (heads, kv_heads)
-    assert attention.q_proj.weight.shape == (heads * head_dim, hidden)
+    attention = next(b.self_attn for b in model.layers if "self_attn" in b)
+    gate = 2 if config.get("attn_output_gate") else 1  # Qwen3.5's queries carry their output gate
+    counts = [
+        getattr(attention, n, None) for n in ("n_heads", "n_kv_heads", "num_attention_heads", "num_key_value_heads")
+    ]
+    assert [c for c in counts if c is not None] == [heads, kv_heads]  # mlx-lm's names, or Qwen3-Next's (Qwen3.5)
+    assert attention.q_proj.weight.shape == (gate * heads * head_dim, hidden)
     assert attention.k_proj.weight.shape == (kv_heads * head_dim, hidden)
     assert ("lm_head" not in model) == tied  # a tied head is the embedding's (gemma3_text as mlx-lm loads it)
     tokens, _ = testing.mlx_lm_batch(vocab, 1, 8)
@@ -511,3 +548,234 @@ def test_a_step_that_would_build_whole_logits_past_the_limit_is_not_run_and_does
     assert set(rows["nuvec"]["sweep"]) == {32, 64} and "not_run" not in rows["nuvec"]  # chunked: never whole
     assert rows["nuvec"]["largest_seq"] == {"1GiB": 128}
     assert "- not run (whole logits of 8,192 elements or more" in (tmp_path / "results.md").read_text()
+
+
+# --- train/trainers.py, long.py, long_report.py: the long-sequence suite ----------------------
+
+
+LONG = TrainWorkload("llama", batch=1, seq=128, hidden=64, layers=2, vocab=64, mode="lora")
+LONG_ARGV = ["--suite", "long", "--archs", "llama", "--hidden", "64", "--layers", "2", "--vocab", "64"]
+
+
+@pytest.fixture(scope="module")
+def long_folder(tmp_path_factory):
+    """LONG's model folder, built in this process (a tiny model: a fraction of a second)."""
+    folder = trainers.model_folder(tmp_path_factory.mktemp("models"), LONG)
+    trainers.build(LONG, folder)
+    return folder
+
+
+def fake_outcome(held: int, step_peaks: list[int], cap: int | None = None) -> trainers.Outcome:
+    return trainers.Outcome(trainers.OK, held=held, peaks=step_peaks, seconds=[1.0] * len(step_peaks), cap=cap)
+
+
+@pytest.mark.slow
+def test_each_trainer_gives_every_steps_peak_and_time_through_its_own_train(long_folder):
+    outcomes = {
+        name: trainers.run(trainers.RunSpec(LONG, trainers.Trainer(name), 3, str(long_folder)))
+        for name in ("mlx-lm", "nuvec")
+    }
+    mlx_lm, nuvec = outcomes["mlx-lm"], outcomes["nuvec"]
+    assert mlx_lm.trainer_function == "mlx_lm.tuner.trainer.train"
+    assert nuvec.trainer_function == "nuvec_mlx.mlx_lm.trainer.train"
+    for o in outcomes.values():
+        assert o.status == trainers.OK and o.returncode == 0, o.error
+        assert len(o.peaks) == len(o.seconds) == len(o.losses) == 3  # one reading after each step
+        assert all(p > 0 for p in o.peaks) and all(s > 0 for s in o.seconds)
+    model, optimizer, _ = trainers.load(LONG, long_folder)  # what the model, adapters and Adam hold
+    nbytes = sum(a.nbytes for t in (model.parameters(), optimizer.state) for _, a in tree_flatten(t))
+    assert mlx_lm.held == nuvec.held and nbytes <= nuvec.held <= nbytes + (64 << 10)
+    assert mlx_lm.trainer_peaks == [] and len(nuvec.trainer_peaks) == 3  # nuvec's train measures its own
+    assert [nuvec.held + p for p in nuvec.peaks] == pytest.approx(nuvec.trainer_peaks, rel=0.01)
+    assert mlx_lm.losses[0] == pytest.approx(nuvec.losses[0], rel=1e-3)  # the same model, row and adapters
+
+
+def test_a_step_that_runs_out_of_memory_is_an_outcome_in_its_process(long_folder, tmp_path, monkeypatch):
+    def train(*args, **kwargs):
+        raise RuntimeError("[malloc] Unable to allocate 1099511627776 bytes.")
+
+    monkeypatch.setattr(trainers, "trainer_function", lambda trainer: train)
+    spec = trainers.RunSpec(LONG, trainers.Trainer("nuvec"), 2, str(long_folder))
+    outcome = trainers.train_run(spec, tmp_path / "result.json")
+    assert outcome.status == trainers.OUT_OF_MEMORY and "Unable to allocate" in outcome.error
+    assert outcome.fits(1 << 40) is False and outcome.held > 0 and outcome.peaks == []
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("[scaled_dot_product_attention] Does not support VJP with respect to mask")
+
+    monkeypatch.setattr(trainers, "trainer_function", lambda trainer: bug)
+    with pytest.raises(RuntimeError, match="Does not support VJP"):  # not memory: an error, not an outcome
+        trainers.train_run(spec, tmp_path / "result.json")
+
+
+def test_a_run_whose_process_ends_without_a_result_is_out_of_memory_or_crashed(long_folder):
+    killed = (sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    spec = trainers.RunSpec(LONG, trainers.Trainer("mlx-lm"), 2, str(long_folder), cap=1 << 30)
+    outcome = trainers.run(spec, command=killed)
+    assert outcome.status == trainers.CRASHED and outcome.returncode == -signal.SIGKILL
+    assert "exit status -9" in outcome.error
+    assert outcome.fits(1 << 30) is False and outcome.fits(2 << 30) is None  # a larger cap may fit it
+
+
+@pytest.mark.slow
+def test_a_run_over_its_cap_is_ended_by_the_guard_as_it_passes_it(long_folder):
+    spec = trainers.RunSpec(LONG, trainers.Trainer("nuvec"), 3, str(long_folder), cap=1 << 19)  # below the model
+    outcome = trainers.run(spec)
+    assert outcome.status == trainers.OVER_CAP and outcome.returncode == trainers.EXIT_OVER_CAP
+    assert outcome.held > 1 << 19 and outcome.peaks == []  # ended before its first step finished
+    assert outcome.fits(1 << 19) is False and outcome.fits(1 << 30) is None
+
+
+def test_a_run_out_of_memory_does_not_stop_the_sweep(tmp_path):
+    args = long.parse_args([*LONG_ARGV, "--modes", "lora", "--lengths", "64,128,256", "--steps", "2"])
+    seen = []
+
+    def runner(spec):
+        if spec.trainer.name == "mlx-lm" and spec.workload.seq >= 128:
+            return trainers.Outcome(trainers.OUT_OF_MEMORY, held=1 << 20, error="[malloc] Unable to allocate")
+        return fake_outcome(1 << 20, [spec.workload.seq << 10] * 2)
+
+    known = long.sweep(args.workloads[0], args, tmp_path, runner, seen.append)
+    assert [(r["trainer"], r["length"], r["status"]) for r in seen] == [
+        ("mlx-lm", 64, "ok"),
+        ("nuvec", 64, "ok"),
+        ("mlx-lm", 128, "out of memory"),
+        ("nuvec", 128, "ok"),
+        ("mlx-lm", 256, "out of memory"),
+        ("nuvec", 256, "ok"),
+    ]
+    assert sorted(known["nuvec"]) == [64, 128, 256] and known["mlx-lm"][256].fits(1 << 40) is False
+
+
+def test_search_finds_a_length_that_fits_and_one_granularity_longer_that_does_not():
+    """Each probe's first step peaks highest (it counts: a run must survive it), at 1 KiB a token."""
+    held, probes = 1 << 20, []
+
+    def probe(length, memory):
+        probes.append((length, memory))
+        return fake_outcome(held, [length << 10, length << 9], cap=long.cap(memory))
+
+    known = {256: fake_outcome(held, [256 << 10, 1]), 512: fake_outcome(held, [512 << 10, 1])}  # the sweep's
+    memories = [held + (700 << 10), held + (3000 << 10)]
+    found = long.search(probe, known, memories, start=256, granularity=64, max_length=8192)
+    for memory, (size, f) in zip(memories, found.items()):
+        assert size == options.size_text(memory)
+        assert known[f["longest"]].fits(memory) and f["peak_in_all"] <= memory
+        assert f["shortest_not_fitting"] == f["longest"] + 64 and not known[f["longest"] + 64].fits(memory)
+    assert [f["longest"] for f in found.values()] == [640, 2944]  # 700 and 3000 KiB over held, 1 KiB a token
+    assert 256 not in [t for t, _ in probes] and all(t % 64 == 0 for t, _ in probes)  # the sweep's length counts
+    assert probes[0] == (1024, memories[0])  # from the longest length known to fit: 512, doubled
+
+
+def test_a_length_stopped_under_a_smaller_memory_s_cap_is_measured_again_for_a_larger_memory():
+    held, probes = 1 << 20, []
+
+    def probe(length, memory):
+        probes.append((length, memory))
+        if held + (length << 10) > long.cap(memory):  # as the guard does
+            return trainers.Outcome(trainers.OVER_CAP, held=held, cap=long.cap(memory))
+        return fake_outcome(held, [length << 10], cap=long.cap(memory))
+
+    memories, known = [held + (100 << 10), held + (1000 << 10)], {}
+    found = long.search(probe, known, memories, start=256, granularity=64, max_length=4096)
+    assert [f["longest"] for f in found.values()] == [64, 960]
+    assert probes.index((256, memories[0])) < probes.index(
+        (256, memories[1])
+    )  # stopped at the first cap, not at the second
+    assert known[256].status == trainers.OK
+
+
+@pytest.mark.slow
+def test_the_long_suite_searches_by_measuring_and_writes_its_files(tmp_path, capsys):
+    argv = [*LONG_ARGV, "--modes", "lora", "--trainers", "nuvec", "--lengths", "64", "--steps", "2"]
+    argv += ["--memory", "3MiB", "--granularity", "64", "--max-length", "512", "--out", str(tmp_path)]
+    assert command.main(argv) == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    (search,) = data["searches"]
+    found = search["results"]["3MiB"]
+    runs = {r["length"]: r for r in data["runs"] if r["phase"] == "search" or r["length"] == 64}
+    longest, over = runs[found["longest"]], runs[found["shortest_not_fitting"]]
+    assert found["shortest_not_fitting"] == found["longest"] + 64
+    assert longest["status"] == "ok" and longest["held"] + max(longest["peaks"]) <= 3 << 20
+    if over["status"] == "ok":  # measured whole, over the memory
+        assert over["held"] + max(over["peaks"]) > 3 << 20
+    else:  # stopped past a cap at or above the memory
+        assert over["status"] == trainers.OVER_CAP and over["cap"] >= 3 << 20
+    assert data["environment"]["command"].startswith("nuvec-mlx-bench-train --suite long")
+    assert {"mlx_lm", "device", "backend"} <= set(data["environment"])
+    assert "| 3MiB | " in capsys.readouterr().out and (tmp_path / "peak_vs_length.png").stat().st_size > 0
+
+
+def test_the_long_report_writes_its_table_json_and_plot(tmp_path):
+    args = long.parse_args([*LONG_ARGV, "--lengths", "64,128", "--memory", "4MiB", "--steps", "3"])
+    args.searched = args.memory
+    at = {t: dataclasses.replace(args.workloads[0], seq=t) for t in (64, 128)}
+    mlx_lm, nuvec = trainers.Trainer("mlx-lm"), trainers.Trainer("nuvec", chunks=(("mlp", 32),))
+    runs = [
+        long.record(at[64], mlx_lm, fake_outcome(MiB, [3 * MiB, 2 * MiB, 2 * MiB]), "sweep"),
+        long.record(at[64], nuvec, trainers.Outcome(trainers.OK, MiB, [MiB] * 3, [9.0, 3.0, 5.0]), "sweep"),
+        long.record(at[128], mlx_lm, trainers.Outcome(trainers.CRASHED, error="exit status -9, no result"), "sweep"),
+        long.record(at[128], nuvec, fake_outcome(MiB, [2 * MiB] * 3), "sweep"),
+    ]
+    searches = [{"workload": runs[0]["workload"], "trainer": "mlx-lm", "results": {"4MiB": {
+        "memory": 4 * MiB, "longest": 64, "peak_in_all": 4 * MiB, "shortest_not_fitting": 128}}}]  # fmt: skip
+    results = {"environment": {"command": "c", "backend": "cpu", "device": "d", "mlx": "m", "blas": "b"}}
+    written = long_report.write(tmp_path, {**results, "runs": runs, "searches": searches}, args)
+    assert [p.name for p in written] == ["results.json", "results.md", "peak_vs_length.png"]
+    md = (tmp_path / "results.md").read_text().splitlines()
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in md if line.startswith("| llama")]
+    assert len({line.count("|") for line in md if line.startswith("| ")}) == 2  # the two tables, each regular
+    blocks = f"{2 * 64 * 64 * 2 / MiB:.1f}"  # layers x tokens x hidden x 2 bytes
+    assert rows[1][2:] == [
+        "nuvec (mlp=32)", "1.0", "1.0 (1.0–1.0)", "2.0", blocks, f"{MiB / (2 * 64 * 64 * 2):.2f}",
+        "4.00 (3.00–5.00)", "4.00", "ok",
+    ]  # fmt: skip
+    assert rows[2][-1] == "out of memory or crashed: exit status -9, no result"
+    assert ["mlx-lm", "4MiB", "64", "4.0", "128"] in [r[1:] for r in rows]
+    assert json.loads((tmp_path / "results.json").read_text())["runs"][2]["status"] == trainers.CRASHED
+
+
+def test_qlora_s_model_is_quantized_as_mlx_lm_convert_does_and_lora_and_full_share_one(tmp_path):
+    qlora = dataclasses.replace(LONG, mode="qlora")
+    folder = trainers.model_folder(tmp_path, qlora)
+    trainers.build(qlora, folder)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["quantization"] == {"group_size": 64, "bits": 4, "mode": "affine"}
+    assert (
+        trainers.model_folder(tmp_path, dataclasses.replace(LONG, mode="full"))
+        == trainers.model_folder(tmp_path, LONG)
+        != folder
+    )
+
+
+def test_the_long_suite_s_defaults_and_the_values_it_refuses(capsys):
+    args = long.parse_args(["--suite", "long"])
+    assert [(w.model, w.mode, w.batch) for w in args.workloads] == [("llama-3.1-8b", "qlora", 1)]
+    assert [t.label() for t in args.trainer_list] == ["mlx-lm", "nuvec"] and args.lengths[-1] == 65536
+    args = long.parse_args(["--suite", "long", "--trainers", "nuvec", "--chunks", "mlp=2048,head=0", "--ahead", "0"])
+    assert args.trainer_list[0].settings()["chunks"] == nv.Chunks(mlp=2048, head=None)
+    for argv, message in [
+        (["--trainers", "mlx-lm,torch"], "--trainers: choose from"),
+        (["--steps", "1"], "--steps must be >= 2"),
+        (["--chunks", "mlp"], "expected name=value"),
+        (["--chunks", "mlp=64"], "nuvec's settings: add nuvec"),
+        (["--trainers", "nuvec", "--chunks", "ffn=64"], "Chunks has the settings"),
+        (["--lengths", "", "--memory", ""], "nothing to run"),
+        (["--configs", "llama-4"], "--configs: unknown"),
+    ]:
+        with pytest.raises(SystemExit):
+            long.parse_args(["--suite", "long", "--trainers", "mlx-lm", *argv])
+        assert message in capsys.readouterr().err, argv
+
+
+def test_the_command_runs_the_long_suite_with_its_own_options(monkeypatch, capsys):
+    monkeypatch.setattr(long, "main", lambda argv: 7)
+    assert command.main(["--suite", "long", "--steps", "3"]) == 7
+    monkeypatch.undo()
+    with pytest.raises(SystemExit):
+        command.main(["--suite", "long", "--help"])
+    out = capsys.readouterr().out
+    assert "nuvec-mlx-bench-train --suite long" in out and "--search-steps" in out and "--chunks" in out
+    with pytest.raises(SystemExit):
+        command.parse_args(["--suite", "long"])
+    assert "options of its own" in capsys.readouterr().err

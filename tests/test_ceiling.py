@@ -11,9 +11,8 @@ import pytest
 from mlx.utils import tree_flatten
 
 import nuvec_mlx as nv
+from nuvec_mlx.memory import MiB
 from tests.helpers import WideBlocks, readme_step, unstaged_on_purpose
-
-MiB = 1 << 20
 
 
 def training_step():

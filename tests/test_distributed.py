@@ -21,6 +21,7 @@ import mlx.core as mx
 import pytest
 
 import nuvec_mlx as nv
+from nuvec_mlx.memory import MiB
 from tests.helpers import assert_close
 from tests.mlx_lm_folders import data_folder, model_folder
 
@@ -31,7 +32,6 @@ SIZE = 2
 TIMEOUT_S = 240
 #: The checkpointed peak of each rank must be at most this fraction of its plain peak.
 MAX_PEAK_RATIO = 0.6
-MiB = 1 << 20
 #: Data-parallel gradients sum each half of the batch separately, so they differ
 #: from one process's by rounding: in float32 about 1.1e-6 relative in max-norm
 #: here (1024 rows), which 1e-6 cannot hold; in float64 (MLX's CPU backend) far

@@ -8,9 +8,8 @@ import pytest
 
 import nuvec_mlx as nv
 from nuvec_mlx import evaluate
+from nuvec_mlx.memory import MiB
 from tests.helpers import FlatStep, assert_close, assert_evaluated, lazy_arrays, rise
-
-MiB = 1 << 20
 
 
 @pytest.mark.parametrize("throttle", [None, 0, math.inf], ids=["default", "0", "inf"])

@@ -9,10 +9,9 @@ import pytest
 
 import nuvec_mlx as nv
 from nuvec_mlx import testing
+from nuvec_mlx.memory import MiB
 from nuvec_mlx.planner.fit import solve
 from tests.helpers import held_while_unobserved, tiny_llama
-
-MiB = 1 << 20
 
 
 def test_solve_extrapolates_a_parabola_and_a_line():

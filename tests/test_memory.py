@@ -6,8 +6,7 @@ import mlx.core as mx
 import pytest
 
 import nuvec_mlx as nv
-
-MiB = 1 << 20
+from nuvec_mlx.memory import MiB
 
 
 def test_stats_are_ints_consistent_with_mlx():

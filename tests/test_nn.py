@@ -9,7 +9,7 @@ from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models import gemma, gemma4_text, llama, qwen2
 
 import nuvec_mlx as nv
-from tests.helpers import assert_close, rise, tiny_llama
+from tests.helpers import Residual, assert_close, rise, tiny_llama
 
 CFG = dict(
     hidden_size=64,
@@ -299,3 +299,88 @@ def test_compiled_training_step_peak_halved(compiled):
     ck = _step_peak(True)
     print(f"peak without {base / 2**20:.1f} MiB, with {ck / 2**20:.1f} MiB")
     assert ck <= 0.5 * base
+
+
+class _Doubling(nn.Module):
+    """Residual blocks (each returns ``x + tanh(linear(x))``, passed on as it is) whose loop doubles the
+    hidden state before block 4: what a model's own code may do between blocks."""
+
+    def __init__(self, dim: int = 32, blocks: int = 8):
+        super().__init__()
+        self.layers = [Residual(dim) for _ in range(blocks)]
+
+    def __call__(self, x):
+        for i, layer in enumerate(self.layers):
+            x = layer(2 * x if i == 4 else x)
+        return x
+
+
+def _segment_step(segment, compile_step: bool, model=None, layers: int = 8, tokens: int = 256):
+    """A step of a float32 Llama (hidden 32; or ``model``) with every block checkpointed in segments of
+    ``segment`` blocks: its loss, its gradients, the active memory after its last forward stage above the
+    step's start, and its forward stages."""
+    m = tiny_llama(layers=layers, hidden=32, vocab=64) if model is None else model
+    nv.checkpoint_layers(m, segment=segment)
+    nv.chunk_layers(m, nv.Chunks(attention=None, mlp=None))
+    if model is None:
+        x = mx.random.randint(0, 64, (1, tokens + 1), key=mx.random.key(3))
+        batch = (x[:, :-1], x[:, 1:])
+        step = nv.TrainingStep(
+            m, lambda m, x, y: nn.losses.cross_entropy(m(x), y, reduction="mean"), compile=compile_step
+        )
+    else:
+        batch = (mx.random.normal((tokens, 32), key=mx.random.key(3)),)
+        step = nv.TrainingStep(m, lambda m, x: (m(x) ** 2).mean(), compile=compile_step)
+    nv.eval(step(*batch))
+    mx.synchronize()
+    start = mx.get_active_memory()
+    with nv.memory.timeline() as t:
+        value, grads = step(*batch)
+    forwards = [r for r in t.readings if r.kind == "forward"]
+    return value, tree_flatten(grads), forwards[layers - 1].active - start, len(forwards)
+
+
+@pytest.mark.parametrize("compile_step", [True, False], ids=["compiled", "eager"])
+def test_segments_keep_every_kth_block_s_input_and_give_the_same_gradients(compiled, compile_step):
+    """8 blocks of 256 x 32 float32 tokens (32 KiB each): after the forward pass the step holds every block's
+    input and the last one's output (9), in segments of 4 the first blocks' of the 2 segments, the output,
+    and one more (4); the backward pass recomputes 3 inputs per segment (a forward stage each), and the
+    gradients are bitwise the same."""
+    value, grads, held, forwards = _segment_step(1, compile_step)
+    seg_value, seg_grads, seg_held, seg_forwards = _segment_step(4, compile_step)
+    assert seg_value.item() == value.item()
+    for (name, a), (_, b) in zip(seg_grads, grads, strict=True):
+        assert mx.array_equal(a, b).item(), name
+    block_input = 256 * 32 * 4
+    assert held >= 8.75 * block_input and seg_held <= 4.25 * block_input, (held, seg_held)
+    assert (forwards, seg_forwards) == (8, 8 + 2 * 3)
+
+
+def test_a_block_whose_input_the_model_changed_starts_a_segment_of_its_own(compiled):
+    """Block 4 reads twice block 3's output: its input is not what block 3 returned, so it keeps its input (a
+    segment of its own, then blocks 5-7 with it): the step is exact, and blocks 1-3 and 5-7 recompute theirs."""
+    model = _Doubling()
+    mx.eval(model.parameters())
+    weights = model.parameters()
+    value, grads, _, forwards = _segment_step(1, True, model=model)
+    nv.checkpoint_layers(model, enable=False)
+    model.update(weights)
+    seg_value, seg_grads, _, seg_forwards = _segment_step(8, True, model=model)
+    assert seg_value.item() == value.item()
+    for (name, a), (_, b) in zip(seg_grads, grads, strict=True):
+        assert mx.array_equal(a, b).item(), name
+    assert (forwards, seg_forwards) == (8, 8 + 3 + 3)
+
+
+def test_segment_sizes_and_what_they_refuse():
+    m = tiny_llama(layers=9, hidden=16, vocab=32)
+    assert nv.checkpoint_layers(m, segment="sqrt") == 9  # segments of 3
+    assert all(nv.is_checkpointed(b) for b in m.layers)
+    with pytest.raises(ValueError, match="segment must be 1 with every=2 or a policy"):
+        nv.checkpoint_layers(m, every=2, segment=3)
+    with pytest.raises(ValueError, match="segment must be 1 with every=1 or a policy"):
+        nv.checkpoint_layers(m, policy=nv.policies.save_matmuls, segment=3)
+    with pytest.raises(ValueError, match="segment must be 'sqrt' or an int, got 'log'"):
+        nv.checkpoint_layers(m, segment="log")
+    loaded = pickle.loads(pickle.dumps(m))
+    assert [type(b) for b in loaded.layers] == [type(b) for b in m.layers]

@@ -3,8 +3,7 @@
 import mlx.core as mx
 
 import nuvec_mlx as nv
-
-MiB = 1 << 20
+from nuvec_mlx.memory import MiB
 
 
 def spike(mib: int) -> None:

@@ -13,13 +13,12 @@ import sys
 
 import pytest
 
+from nuvec_mlx.memory import MiB
 from nuvec_mlx_bench import peers
 from nuvec_mlx_bench.core import rounds
 from nuvec_mlx_bench.peers import peak_probes, process
 from nuvec_mlx_bench.seed import rows
 from nuvec_mlx_bench.seed.workload import MODELS, Workload
-
-MiB = 1 << 20
 
 
 def tiny(model: str = "mlp", weight_grads: bool = False) -> Workload:

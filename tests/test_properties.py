@@ -163,9 +163,17 @@ def test_checkpointed_gradients_equal_plain_eager(g):
     assert_close(gradients(g, True, False), gradients(g, False, False))
 
 
+@pytest.mark.slow
 @settings(max_examples=COMPILED_EXAMPLES)
 @given(g=graphs())
 def test_checkpointed_gradients_equal_plain_compiled(g, compiled):
+    assert_close(gradients(g, True, True), gradients(g, False, True))
+
+
+@settings(max_examples=6)
+@given(g=graphs())
+def test_checkpointed_gradients_equal_plain_compiled_a_few_graphs(g, compiled):
+    """The developer loop's sample of the compiled test above (each graph compiles new kernels: slow)."""
     assert_close(gradients(g, True, True), gradients(g, False, True))
 
 

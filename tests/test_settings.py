@@ -4,9 +4,8 @@ import mlx.core as mx
 import pytest
 
 import nuvec_mlx as nv
+from nuvec_mlx.memory import MiB
 from tests.helpers import unstaged_on_purpose
-
-MiB = 1 << 20
 
 
 def snapshot():

@@ -10,8 +10,6 @@ from mlx.utils import tree_flatten
 import nuvec_mlx as nv
 from tests.helpers import WideBlocks, readme_step
 
-MiB = 1 << 20
-
 
 def loss_fn(model, x):
     return (model(x) ** 2).mean()

@@ -6,9 +6,8 @@ import pytest
 from mlx.utils import tree_flatten
 
 import nuvec_mlx as nv
+from nuvec_mlx.memory import MiB
 from tests.helpers import Blocks, mean_square
-
-MiB = 1 << 20
 
 
 def training(update, blocks=4, dim=64, checkpointed=True, compiled=True, batch=8):
