@@ -54,9 +54,19 @@
 #               LoRA on the three public 1B configurations at seq 2048, batch 4: none, mlx-lm, nuvec and
 #               nuvec with each block's MLP in chunks of 512 tokens (nuvec-mlp-chunks), 5 repeats, no length
 #               sweep or search: whether the chunks lower the LoRA peak on a GPU, and what their stages cost
+#   train-long  the long-sequence suite (nuvec-mlx-bench-train --suite long) on the public Llama-3.1-8B
+#               configuration, QLoRA (random weights, bf16 base quantized to 4 bits in groups of 64, LoRA rank 8
+#               on every block), batch 1: mlx-lm's and nuvec's trainers, each length (8192 to 65536 tokens, 3 steps)
+#               in a process of its own through the trainer's own train(); the model is built once into
+#               $MODEL_CACHE and loaded by every run (about 8 minutes on an H100, estimated)
+#   train-long-fit
+#               the same model and trainers: the longest length whose every step fits 24 GiB with the weights,
+#               adapters and optimizer state, by bisection in steps of 4096 tokens from 16384 (probes of 2 steps,
+#               each capped at 25.5 GiB: MLX's memory limit and a guard that ends the probe past it)
 #   train       the four (longer than one device call: run the parts where calls are limited)
 #               TRAIN_ARGS adds arguments to the train parts' command (later ones win), for example
 #               TRAIN_ARGS="--modes full --strategies none,mlx-lm,nuvec" bash scripts/run_cuda.sh OUT train-qwen
+#               or TRAIN_ARGS="--trainers nuvec --chunks mlp=2048 --memory 16GiB,32GiB" ... train-long
 #   plan        the planner's budget sweep (nuvec-mlx-bench-plan --suite full) on the MLP and the
 #               transformer: plans from the smallest reachable peak to the unchecked one, against every
 #               block, every 2nd and sqrt(n) segments checkpointed; PLAN_ARGS adds arguments to the plan
@@ -74,7 +84,7 @@
 # A part that fails says so at the end of its log and on the console; the others still run, and
 # the script's exit status is 1 if any part failed.
 set -uo pipefail
-usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|probe-head|probe-steps|probe-timeline|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|train-mlp-chunks|plan|plan-transformer|plan-llama|tests|all"
+usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|probe-head|probe-steps|probe-timeline|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|train-mlp-chunks|train-long|train-long-fit|plan|plan-transformer|plan-llama|tests|all"
 out=${1:?$usage}
 part=${2:?$usage}
 # The machine's paths, each overridable from the environment.
@@ -189,6 +199,18 @@ part_train_mlp_chunks() {
   train --configs llama-3.2-1b,qwen3-0.6b,gemma-3-1b --modes lora --strategies none,mlx-lm,nuvec,nuvec-mlp-chunks \
     --memory 0 --seqs '' --out "$out/train-mlp-chunks"
 }
+# The long-sequence suite: one process per run; the model folders it builds are kept in $MODEL_CACHE (about 4.5 GB
+# for Llama-3.1-8B QLoRA), so that a later part or call on the same machine loads them instead.
+MODEL_CACHE=${MODEL_CACHE:-/tmp/nuvec-models}
+train_long() {
+  with_mlx_lm && $PY -m nuvec_mlx_bench.train --suite long --configs llama-3.1-8b --modes qlora \
+    --trainers mlx-lm,nuvec --model-cache "$MODEL_CACHE" "$@" ${TRAIN_ARGS:-}
+}
+part_train_long() { train_long --lengths 8192,16384,32768,65536 --steps 3 --out "$out/train-long"; }
+part_train_long_fit() {
+  train_long --lengths '' --memory 24GiB --granularity 4096 --search-from 16384 --search-steps 2 \
+    --out "$out/train-long-fit"
+}
 part_train() {
   local status=0 p
   for p in llama qwen gemma moe; do "part_train_$p" || status=1; done
@@ -212,7 +234,7 @@ run_part() {  # run_part NAME: the part's output into its log; a failure is said
 }
 
 case $part in
-  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|probe-head|probe-steps|probe-timeline|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|train-mlp-chunks|plan|plan-transformer|plan-llama|tests)
+  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|probe-head|probe-steps|probe-timeline|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|train-mlp-chunks|train-long|train-long-fit|plan|plan-transformer|plan-llama|tests)
     run_part "$part" ;;
   all)
     for p in suite mlx-graphs budgets budget0 plan plan-llama; do run_part "$p"; done

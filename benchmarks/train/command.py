@@ -3,6 +3,7 @@
     nuvec-mlx-bench-train                          # small sizes for a CPU (minutes)
     nuvec-mlx-bench-train --suite h200             # public models' configurations, bf16, batch 4 x 2048
     nuvec-mlx-bench-train --configs qwen3-0.6b --layers 2 --seq 256     # a public configuration, 2 layers deep
+    nuvec-mlx-bench-train --suite long             # long sequences, each trainer in its own process (:mod:`.long`)
     python -m nuvec_mlx_bench.train ...            # the same, without the installed command
 
 The models are public configurations (``--configs``: :data:`nuvec_mlx.testing.PUBLIC_CONFIGS`,
@@ -34,7 +35,7 @@ import nuvec_mlx as nv
 from nuvec_mlx import testing
 
 from ..core import environment, mlx_measure, options, rounds, throttle
-from . import lengths, report
+from . import lengths, long, report
 from .cases import MODES, NUVEC_STEPS, STRATEGIES, Case, TrainWorkload
 
 PROG = "nuvec-mlx-bench-train"
@@ -82,7 +83,13 @@ SUITES = {
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line; a value no workload can take is an error."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
-    p.add_argument("--suite", choices=SUITES, default="cpu", help="default settings (cpu: minutes on 2 cores)")
+    p.add_argument(
+        "--suite",
+        choices=[*SUITES, "long"],
+        default="cpu",
+        help="default settings (cpu: minutes on 2 cores); long: long sequences, each trainer in a process of its "
+        "own through its own train(), with options of its own (nuvec-mlx-bench-train --suite long --help)",
+    )
     p.add_argument("--configs", help=f"public configurations, comma-separated from {', '.join(testing.PUBLIC_CONFIGS)}")
     p.add_argument(
         "--archs",
@@ -123,6 +130,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--out", type=Path, default=Path("benchmarks/out/train"), help="output folder")
     args = p.parse_args(argv)
+    if args.suite == "long":
+        p.error("--suite long has options of its own: run it through main() (nuvec-mlx-bench-train --suite long)")
     suite = SUITES[args.suite]
     layers, arch_layers = args.layers, args.layers or suite["layers"]  # configurations keep their depth
     if args.archs is not None or args.configs is not None:  # one given: the other is none unless given too
@@ -261,9 +270,23 @@ def measure_workload(w: TrainWorkload, args: argparse.Namespace) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The ``nuvec-mlx-bench-train`` command: run the benchmark, exit status 0."""
+    """The ``nuvec-mlx-bench-train`` command: run the benchmark, exit status 0 (``--suite long``: see :mod:`.long`)."""
+    if suite(argv) == "long":
+        return long.main(argv)
     run(argv)
     return 0
+
+
+def suite(argv: list[str] | None) -> str | None:
+    """The ``--suite`` that ``argv`` names (``sys.argv``'s by default), or ``None``.
+
+    Example:
+        >>> suite(["--suite", "long", "--steps", "3"])
+        'long'
+    """
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--suite")
+    return p.parse_known_args(argv)[0].suite
 
 
 def run(argv: list[str] | None = None) -> list[dict]:
