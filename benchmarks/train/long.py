@@ -82,6 +82,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="nuvec's nv.Chunks settings, e.g. mlp=2048,attention=auto (0 turns a part off; default: its own)",
     )
     p.add_argument("--ahead", type=int, help="nuvec's stages ahead (default: its own, 1 on a GPU, 0 on the CPU)")
+    p.add_argument(
+        "--segment",
+        default="1",
+        help="nuvec's blocks per segment: an int, or sqrt (only every segment-th block's input kept; default 1)",
+    )
     p.add_argument("--lengths", help="sequence lengths of the sweep, comma-separated; '' skips it")
     p.add_argument("--steps", type=options.positive, help="steps of each sweep run (the first compiles), >= 2")
     p.add_argument(
@@ -132,7 +137,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--trainers: choose from {', '.join(trainers.TRAINERS)}, got {args.trainers!r}")
     if (chunks or args.ahead is not None) and "nuvec" not in names:
         raise ValueError("--chunks and --ahead are nuvec's settings: add nuvec to --trainers")
-    nuvec = {"chunks": chunks, "ahead": args.ahead}
+    segment = args.segment if args.segment == "sqrt" else options.positive(args.segment)
+    nuvec = {"chunks": chunks, "ahead": args.ahead, "segment": segment}
     args.trainer_list = [Trainer(n, **(nuvec if n == "nuvec" else {})) for n in dict.fromkeys(names)]
     unknown = set(options.csv(args.configs)) - set(testing.PUBLIC_CONFIGS)
     if unknown:

@@ -103,6 +103,7 @@ class Trainer:
         chunks: ``nuvec_mlx.mlx_lm.train``'s ``chunks`` as :meth:`nuvec_mlx.Chunks.from_settings` takes them
             (``(("mlp", 2048),)``; 0 turns a part off); empty for its default.
         ahead: its stages ahead; ``None`` for its default.
+        segment: its blocks per segment (``nuvec_mlx.mlx_lm.train``'s ``segment``); 1 for its default.
 
     Example:
         >>> Trainer("nuvec", chunks=(("mlp", 2048),), ahead=0).label()
@@ -112,26 +113,31 @@ class Trainer:
     name: str
     chunks: tuple[tuple[str, int | str], ...] = ()
     ahead: int | None = None
+    segment: int | str = 1
 
     def __post_init__(self) -> None:
         if self.name not in TRAINERS:
             raise ValueError(f"trainer must be one of {', '.join(TRAINERS)}, got {self.name!r}")
-        if self.name != "nuvec" and (self.chunks or self.ahead is not None):
-            raise ValueError(f"chunks and ahead are nuvec's settings, not {self.name}'s")
+        if self.name != "nuvec" and (self.chunks or self.ahead is not None or self.segment != 1):
+            raise ValueError(f"chunks, ahead and segment are nuvec's settings, not {self.name}'s")
         self.settings()  # raises for a setting nv.Chunks cannot take
 
     def settings(self) -> dict[str, Any]:
-        """``nuvec_mlx.mlx_lm.train``'s keywords beyond mlx-lm's: ``chunks`` and ``ahead``, where set."""
+        """``nuvec_mlx.mlx_lm.train``'s keywords beyond mlx-lm's: ``chunks``, ``ahead`` and ``segment``, where
+        set."""
         import nuvec_mlx as nv
 
         given: dict[str, Any] = {} if self.ahead is None else {"ahead": self.ahead}
         if self.chunks:
             given["chunks"] = nv.Chunks.from_settings(**dict(self.chunks))
+        if self.segment != 1:
+            given["segment"] = self.segment
         return given
 
     def label(self) -> str:
         """The trainer's name, and its settings in brackets."""
         words = [f"{k}={v}" for k, v in self.chunks] + ([] if self.ahead is None else [f"ahead={self.ahead}"])
+        words += [] if self.segment == 1 else [f"segment={self.segment}"]
         return f"{self.name} ({', '.join(words)})" if words else self.name
 
 
@@ -157,7 +163,7 @@ class RunSpec:
         chunks = tuple((k, v) for k, v in trainer["chunks"])
         return cls(
             workload=TrainWorkload(**data["workload"]),
-            trainer=Trainer(trainer["name"], chunks, trainer["ahead"]),
+            trainer=Trainer(trainer["name"], chunks, trainer["ahead"], trainer.get("segment", 1)),
             steps=data["steps"],
             folder=data["folder"],
             cap=data["cap"],

@@ -39,7 +39,7 @@ except ImportError as e:  # pragma: no cover - the extra is installed where this
 
 from .. import _validate
 from ..chunking import Chunks, chunk_layers
-from ..nn import checkpoint_module, find_layers, is_checkpointed, restoring
+from ..nn import checkpoint_layers, checkpoint_module, find_layers, is_checkpointed, restoring
 from ..planner import Plan
 from ..step import TrainingStep
 from . import _report
@@ -49,16 +49,21 @@ __all__ = ["checkpointed_blocks", "train"]
 
 
 @contextlib.contextmanager
-def checkpointed_blocks(model: nn.Module, chunks: Chunks | None = None) -> Iterator[list[nn.Module]]:
+def checkpointed_blocks(
+    model: nn.Module, chunks: Chunks | None = None, segment: int | str = 1
+) -> Iterator[list[nn.Module]]:
     """Checkpoint every block of ``model.layers`` inside, whatever its class, and compute them along the
     sequence in chunks as ``chunks`` says (:func:`nuvec_mlx.chunk_layers`); undone after.
 
-    Blocks already checkpointed stay so.
+    Blocks already checkpointed stay so, where ``segment`` is 1.
 
     Args:
         model: an mlx-lm model (its repeated blocks are ``model.layers``).
         chunks: attention's, the MLP's and the recurrences' chunks inside the
             blocks; ``None`` for ``nv.Chunks()`` (the rules decide).
+        segment: blocks per segment (:func:`nuvec_mlx.checkpoint_layers`):
+            only every ``segment``-th block's input is kept; 1 keeps every
+            block's, ``"sqrt"`` the fewest.
 
     Yields:
         The blocks.
@@ -69,9 +74,12 @@ def checkpointed_blocks(model: nn.Module, chunks: Chunks | None = None) -> Itera
     """
     blocks = _blocks(model)
     with restoring([m for b in blocks for m in b.modules()]):
-        for b in blocks:
-            if not is_checkpointed(b):
-                checkpoint_module(b)
+        if segment == 1:
+            for b in blocks:
+                if not is_checkpointed(b):
+                    checkpoint_module(b)
+        else:
+            checkpoint_layers(model, blocks, segment=segment)
         chunk_layers(model, chunks, layers=blocks)
         yield blocks
 
@@ -96,6 +104,7 @@ def train(
     training_callback: TrainingCallback | None = None,
     ahead: int | None = None,
     chunks: Chunks | None = None,
+    segment: int | str = 1,
     plan: Plan | None = None,
 ) -> None:
     """``mlx_lm.tuner.trainer.train``, with nuvec's checkpoints and staged evaluation.
@@ -125,6 +134,10 @@ def train(
             (:class:`nuvec_mlx.Chunks`: the loss head's, with mlx-lm's default
             loss; attention's, the MLP's and the recurrences' inside the blocks);
             ``None`` for ``nv.Chunks()``, every part ``"auto"``.
+        segment: with ``grad_checkpoint``, blocks per segment
+            (:func:`checkpointed_blocks`): 1 keeps every block's input, more
+            (or ``"sqrt"``) only every ``segment``-th, for sequences whose
+            blocks' inputs are the wall; unused with ``plan``.
         plan: with ``grad_checkpoint``, a :class:`nuvec_mlx.Plan` (``nuvec-mlx-plan
             --save``, :meth:`nuvec_mlx.Plan.load_json`): the blocks are
             checkpointed as it says (:meth:`nuvec_mlx.Plan.apply`, for the run)
@@ -155,7 +168,7 @@ def train(
         loss = loss_for(chunks.head)
     step = TrainingStep(model, loss, optimizer, ahead=ahead, accumulate=args.grad_accumulation_steps)
     maybe_set_recommended_wired_limit()
-    blocks = checkpointed_blocks(model, chunks) if plan is None else _planned(model, plan, chunks)
+    blocks = checkpointed_blocks(model, chunks, segment) if plan is None else _planned(model, plan, chunks)
     with blocks if args.grad_checkpoint else contextlib.nullcontext():
         _loop(model, optimizer, train_dataset, val_dataset, args, loss, iterate_batches, training_callback, step)
 
