@@ -18,6 +18,7 @@ from .evaluate import default_ahead, eval
 from .grad import grad_flat, value_and_grad, value_and_grad_flat
 from .nn import checkpoint_layers, checkpoint_module, checkpoint_sequential, is_checkpointed
 from .planner import Fit, Plan, Planner, SavedActivations, largest_fit, plan, saved_activations
+from .scan import scan
 from .step import TrainingStep, update
 
 __version__ = "0.1.0"
@@ -54,6 +55,7 @@ __all__ = [
     "policies",
     "saved_activations",
     "scaled_dot_product_attention",
+    "scan",
     "update",
     "value_and_grad",
     "value_and_grad_flat",

@@ -1,4 +1,4 @@
-"""Reroute one module instance: its ``__call__`` sees other functions under given global names.
+"""Reroute one module instance: its calls see other functions under given global names.
 
 A model's code calls library functions by global name: mlx-lm's attention
 modules call ``scaled_dot_product_attention`` (``mlx_lm.models.base``'s, which
@@ -6,9 +6,10 @@ calls ``mx.fast.scaled_dot_product_attention``), its gated-delta modules
 ``gated_delta_update``. To compute such a call in chunks without copying the
 model's code, and without replacing the function for the whole process (every
 other module, thread and user of it would see the replacement), the one
-instance asked for gets a subclass whose ``__call__`` is its class's own
-``__call__`` with its globals seen through an overlay: the names given read the
-replacements, every other name reads the module's globals as they are.
+instance asked for gets a subclass whose ``__call__`` (and the methods its
+class defines, helpers ``__call__`` calls) is its class's own code with its
+globals seen through an overlay: the names given read the replacements, every
+other name reads the module's globals as they are.
 
 ``mx`` itself can be among the names, as a :class:`Namespace` that replaces
 some of its attributes (``mx.fast.scaled_dot_product_attention`` called
@@ -67,24 +68,36 @@ def _rebound(fn: Callable, names: Mapping[str, Any]) -> Callable:
     return new
 
 
+def _methods(cls: type) -> dict[str, types.FunctionType]:
+    """The functions ``cls``'s calls run by their code: its ``__call__`` (its own or inherited) and the
+    methods its own class body defines (a helper such as ``_ssm`` that ``__call__`` calls)."""
+    found = {name: fn for name, fn in vars(cls).items() if isinstance(fn, types.FunctionType)}
+    call = cls.__call__
+    if isinstance(call, types.FunctionType):
+        found.setdefault("__call__", call)
+    return found
+
+
 def names_read(cls: type) -> frozenset[str]:
-    """The global and attribute names the code of ``cls``'s own ``__call__`` reads: where a route can apply."""
-    code = getattr(cls.__call__, "__code__", None)
-    return frozenset(code.co_names) if code is not None else frozenset()
+    """The global and attribute names the code of ``cls``'s ``__call__`` and own methods reads: where a route
+    can apply."""
+    return frozenset(n for fn in _methods(cls).values() for n in fn.__code__.co_names)
 
 
 def rerouted_class(cls: type, names: Mapping[str, Any]) -> type:
-    """The cached subclass of ``cls`` whose ``__call__`` sees ``names`` among its globals."""
+    """The cached subclass of ``cls`` whose ``__call__`` and own methods see ``names`` among their globals."""
     key = (cls, tuple(sorted(names.items())))
     if key not in _classes:
-        call = _rebound(cls.__call__, names)
 
         def __reduce_ex__(self: Any, protocol: int) -> tuple:
             # Pickled by reference to the original class, rerouted again on load.
             return (_rerouted_instance, key, *object.__reduce_ex__(self, protocol)[2:])
 
-        attributes = {"__call__": call, "__reduce_ex__": __reduce_ex__, BASE: cls, NAMES: dict(names)}
-        attributes.update(__module__=cls.__module__, __qualname__=cls.__qualname__)
+        attributes: dict[str, Any] = {
+            name: _rebound(fn, names) for name, fn in _methods(cls).items() if set(fn.__code__.co_names) & set(names)
+        }
+        attributes.update(__reduce_ex__=__reduce_ex__, __module__=cls.__module__, __qualname__=cls.__qualname__)
+        attributes.update({BASE: cls, NAMES: dict(names)})
         _classes[key] = type(cls.__name__, (cls,), attributes)
     return _classes[key]
 

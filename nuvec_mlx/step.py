@@ -161,6 +161,7 @@ class TrainingStep:
         self.dispatch_seconds = self.evaluation_seconds = 0.0
         self._grad: Any = None  # the gradients summed since the last update
         self._traced: Callable[..., tuple[Any, list[mx.array]]] | None = None
+        self._traces = [0]  # how often the step's Python function ran (shared with its _Body, no cycle)
         # The model's modules and their classes when traced: checkpointing a block swaps its class.
         self._modules: list[nn.Module] = []
         self._classes: list[type] = []
@@ -243,6 +244,19 @@ class TrainingStep:
         assert self._traced is not None  # made above when there was none
         return self._traced
 
+    @property
+    def traces(self) -> int:
+        """How often the step's Python function was traced: compiled, it grows only when the step traces
+        again (new shapes, a block's checkpointing changed, the optimizer's state replaced); uncompiled,
+        with every call; as :attr:`nuvec_mlx.Compiled.traces`.
+
+        Example:
+            >>> step(x, y); step(x, y)
+            >>> step.traces  # compiled: the second call replayed the first one's trace
+            1
+        """
+        return self._traces[0]
+
     def _retracing(self) -> bool:
         """Whether the next call traces the step afresh (see :meth:`_trace`)."""
         if self._traced is None or self._replaced():
@@ -307,8 +321,10 @@ class _Body:
         self.model, self.optimizer = step.model, step.optimizer
         self.accumulate, self.average = step.accumulate, step.average_gradients
         self.value_and_grad = value_and_grad(step.model, step.loss_fn)
+        self.traces = step._traces
 
     def __call__(self, batch: tuple, kwargs: dict, grad: Any, do_update: bool) -> tuple[Any, Any]:
+        self.traces[0] += 1
         value, new = self.value_and_grad(self.model, *batch, **kwargs)
         if grad is not None:
             new = tree_map(mx.add, new, grad)

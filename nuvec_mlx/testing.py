@@ -333,7 +333,17 @@ def blocks_model(kind: str, batch: int, dim: int, blocks: int, seq: int = 1) -> 
 #: gemma3_text, phi3), mixture of experts (qwen3_moe), layers returning more than an array
 #: (gemma4_text: ``(h, shared_kv, offset)``), and a hybrid of two layer classes (olmo_hybrid:
 #: gated delta-net and attention).
-ARCHITECTURES = ("llama", "qwen3", "gemma3_text", "phi3", "qwen3_moe", "gemma4_text", "olmo_hybrid")
+ARCHITECTURES = (
+    "llama",
+    "qwen3",
+    "gemma3_text",
+    "phi3",
+    "qwen3_moe",
+    "gemma4_text",
+    "olmo_hybrid",
+    "qwen3_5",
+    "mamba2",
+)
 #: The dtypes a model's weights can take.
 DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
 #: Quantization for QLoRA (the base model's weights), as ``mlx_lm.convert -q`` writes it.
@@ -574,6 +584,29 @@ def mlx_lm_config(arch: str, hidden: int, layers: int, vocab: int = 32000) -> di
             hidden_size_per_layer_input=16,
             vocab_size_per_layer_input=vocab,
             tie_word_embeddings=True,
+        )
+    elif arch == "qwen3_5":  # gated-delta blocks, every 2nd block full attention (Qwen3.5's is every 4th)
+        base.update(
+            linear_num_value_heads=heads,
+            linear_num_key_heads=max(1, heads // 2),
+            linear_key_head_dim=head_dim,
+            linear_value_head_dim=head_dim,
+            linear_conv_kernel_dim=4,
+            full_attention_interval=2,
+        )
+    elif arch == "mamba2":  # state-space blocks only
+        base.update(
+            num_heads=heads,
+            head_dim=2 * hidden // heads,
+            intermediate_size=2 * hidden,
+            state_size=16,
+            n_groups=1,
+            conv_kernel=4,
+            layer_norm_epsilon=1e-5,
+            use_bias=False,
+            use_conv_bias=True,
+            time_step_limit=(0.001, 100.0),
+            time_step_rank="auto",
         )
     elif arch == "olmo_hybrid":
         base.update(

@@ -1,6 +1,9 @@
 """A catalogue of misuses: each raises a TypeError or ValueError naming the argument."""
 
+import json
 import math
+import tempfile
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -45,6 +48,23 @@ def counts_calls():
 def enter(context_manager):
     with context_manager:
         pass
+
+
+TWO_BLOCKS = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))  # BLOCKS's block, and one more
+
+
+def plan_of_blocks():
+    """A plan of BLOCKS (one block, in model.layers), for any budget."""
+    return nv.plan(nv.TrainingStep(BLOCKS, lambda m, x: m(x).sum()), a[None], 1 << 40, progress=False)
+
+
+def saved_without_made_for():
+    """A plan saved as plans were before they recorded what they were made for."""
+    path = Path(tempfile.mkdtemp()) / "old.json"
+    saved = plan_of_blocks().to_dict()
+    del saved["made_for"]
+    path.write_text(json.dumps(saved))
+    return path
 
 
 CATALOGUE = [
@@ -563,6 +583,18 @@ CATALOGUE = [
         r"^slice_arg must be None or a keyword argument's name, got 'a b'$",
     ),
     (
+        "scan: fn not callable",
+        lambda: nv.scan(None, a, a[None], chunk=1, axis=1),
+        TypeError,
+        r"^fn must be callable, got NoneType$",
+    ),
+    (
+        "scan: chunk zero",
+        lambda: nv.scan(lambda s, x: (s, x), a, a[None, :, None], chunk=0),
+        ValueError,
+        r"^chunk must be >= 1, got 0$",
+    ),
+    (
         "Chunks: attention a string",
         lambda: nv.Chunks(attention="on"),
         TypeError,
@@ -825,6 +857,19 @@ CATALOGUE = [
         lambda: nv.Planner(nv.TrainingStep(LINEAR, total), a, progress=1),
         TypeError,
         r"^progress must be a bool, got int$",
+    ),
+    (
+        "Plan.apply: a model whose blocks differ from those it was made for",
+        lambda: plan_of_blocks().apply(TWO_BLOCKS),
+        ValueError,
+        r"^the plan was made for a model with 1 block in model.layers \(1 planned: layers.0\); this model has 2 "
+        r"blocks in model.layers: plan again for this model$",
+    ),
+    (
+        "Plan.load_json: a plan saved without what it was made for",
+        lambda: nv.Plan.load_json(saved_without_made_for()),
+        ValueError,
+        r"^.*old.json: the plan does not record what it was made for \(the model, its blocks, the batch, the dtype\)",
     ),
     # largest_fit
     (

@@ -48,14 +48,20 @@ ARCHS = {
     "qwen3_moe": {"hidden": 64},
     "gemma4_text": {"layers": 3},
     "olmo_hybrid": {},
+    "mamba2": {},
 }
+#: Architectures whose blocks carry a recurrence, which nuvec computes in chunks (nv.scan): in float32, where its
+#: sums in another order than mlx-lm's per-token loop differ by float32 roundings only. (Qwen3.5, gated delta
+#: too, is tested through nuvec_mlx.mlx_lm.train in tests/test_recurrent_models.py: transformers loads the
+#: test folders' word-level tokenizer as Qwen3.5's own for its model type, which encodes no word of it.)
+RECURRENT = ("olmo_hybrid", "mamba2")
 MODES = ("full", "lora", "qlora")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 REPORT = re.compile(r"^\s+(\d+)\s+([0-9.]+) [▼▲]\s+[0-9,]+\s+[0-9.]+k(?:\s+peak ([0-9.]+) ([MG]B))?$", re.M)
 
 
 def dtype_for(arch: str, mode: str) -> str:
-    return "float32" if arch == "qwen3_moe" and mode != "qlora" else "bfloat16"
+    return "float32" if (arch == "qwen3_moe" and mode != "qlora") or arch in RECURRENT else "bfloat16"
 
 
 @pytest.fixture(scope="module")
@@ -125,11 +131,16 @@ def run_nuvec_mlx_lora(argv: list[str], capsys) -> list[tuple]:
     return reports(capsys.readouterr().out)
 
 
-def assert_same_adapters(a: Path, b: Path) -> None:
+def assert_same_adapters(a: Path, b: Path, rtol: float = 0.0) -> None:
+    """The same adapters: bitwise, or within ``rtol`` of the largest of each (sums in another order)."""
     wa, wb = mx.load(str(a / "adapters.safetensors")), mx.load(str(b / "adapters.safetensors"))
     assert sorted(wa) == sorted(wb) and wa
     for k in wa:
-        assert wa[k].dtype == wb[k].dtype and mx.array_equal(wa[k], wb[k]).item(), k
+        assert wa[k].dtype == wb[k].dtype, k
+        if rtol:
+            assert_close(wb[k], wa[k], rtol)
+        else:
+            assert mx.array_equal(wa[k], wb[k]).item(), k
 
 
 def assert_trains_as_mlx_lm_lora(
@@ -145,14 +156,19 @@ def assert_trains_as_mlx_lm_lora(
         ours = run_nuvec_mlx_lora(lora_args(model, data, out / "nuvec", mode, "--grad-checkpoint", *extra), capsys)
     assert [r[:2] for r in ours] == [r[:2] for r in plain] and len(plain) == 5
     assert all(peak for *_, peak in ours)
-    assert_same_adapters(out / "mlx", out / "nuvec")
-    blocks = len(load(str(model))[0].layers)
+    loaded = load(str(model))[0]
+    assert_same_adapters(out / "mlx", out / "nuvec", 1e-4 if loaded.model_type in RECURRENT else 0.0)
+    blocks = len(loaded.layers)
     steps = sorted({r.evaluation for r in timeline.readings})
     assert len(steps) == 5
     for s in steps:
         kinds = [r.kind for r in timeline.readings if r.evaluation == s]
         backward = ["backward", "update"] if (s + 1) % accumulation == 0 else ["backward"]
-        assert kinds == ["forward"] * blocks + ["chunk", "chunk"] + backward * blocks + ["outputs"], s
+        if loaded.model_type in RECURRENT:  # the recurrence's chunks are stages inside its blocks too
+            outer = [k for k in kinds if k != "chunk"]
+            assert outer == ["forward"] * blocks + backward * blocks + ["outputs"] and kinds.count("chunk") > 2, s
+        else:
+            assert kinds == ["forward"] * blocks + ["chunk", "chunk"] + backward * blocks + ["outputs"], s
 
 
 #: Every architecture in every mode; the developer loop (``-m "not slow"``) runs llama with LoRA only.

@@ -13,10 +13,17 @@ returns given hidden states, on a view of the model that records what the
 call reads (the head's modules, settings such as ``args`` or a soft-cap). Each
 chunk then runs the same ``__call__`` on a view that serves exactly those,
 with the chunk's hidden states as the backbone's output: the modules a chunk
-reaches are the head's, and only they are inputs of the chunks. A model
-whose ``__call__`` does not call ``self.model`` once and apply something to
-its output (a wrapper that calls ``self.language_model``, say) gets mlx-lm's
-unchunked loss.
+reaches are the head's, and only they are inputs of the chunks.
+
+Before any of it, the model's ``__call__`` is probed with its child modules
+standing in for stubs (nothing of the model runs): a model that returns one
+child's output unchanged (qwen3_5's ``Model`` returns ``self.language_model``'s)
+is followed into that child; a model whose ``__call__`` does not call
+``self.model`` once gets mlx-lm's unchunked loss. The probe matters beyond
+the head: a forward pass run only to find out, its result dropped, still
+marks the stages of checkpointed blocks, which a compiled step then computes
+(and MLX 0.32.4's compile merges with the real forward pass, which fails on
+models with ``mx.split``).
 """
 
 from __future__ import annotations
@@ -140,6 +147,53 @@ def hidden_states(model: nn.Module, inputs: mx.array) -> mx.array:
     return found[0]
 
 
+class _Stub:
+    """A child module of the model in a probe of its ``__call__``: calling it records the call and returns
+    a stand-in array; reading an attribute of it gives the stub of that attribute."""
+
+    def __init__(self, probe: _Probe, path: str):
+        self._probe, self._path = probe, path
+
+    def __call__(self, *args: Any, **kwargs: Any) -> mx.array:
+        out = mx.zeros((1, 1, 1))
+        self._probe.calls.append((self._path, args, kwargs, out))
+        return out
+
+    def __getattr__(self, name: str) -> _Stub:
+        return _Stub(self._probe, f"{self._path}.{name}")
+
+
+class _Probe:
+    """The model as its ``__call__`` sees it, each child module a :class:`_Stub`: which children it calls."""
+
+    def __init__(self, model: nn.Module):
+        self._model = model
+        self.calls: list[tuple[str, tuple, dict, mx.array]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._model, name)
+        return _Stub(self, name) if isinstance(value, nn.Module) else value
+
+
+def _route(model: nn.Module, inputs: mx.array) -> str | None:
+    """What the model's ``__call__`` does, probed with its children stubbed (nothing of the model runs):
+    ``"model"`` where it calls ``self.model`` once; the name of a child whose output it returns unchanged,
+    called with the inputs alone (a wrapper: qwen3_5's ``language_model``); ``None`` otherwise."""
+    probe = _Probe(model)
+    try:
+        out = type(model).__call__(probe, inputs)
+    except Exception:  # the stand-ins do not fit the model's own code: let the full search decide
+        return "model"
+    if [path for path, *_ in probe.calls].count("model") == 1:
+        return "model"
+    if len(probe.calls) == 1:
+        path, args, kwargs, result = probe.calls[0]
+        whole = args[:1] == (inputs,) and all(a is None for a in (*args[1:], *kwargs.values()))
+        if out is result and "." not in path and whole:
+            return path
+    return None
+
+
 class _Forwarding:
     """``model`` with ``model.model`` replaced by ``backbone``, for one call of its ``__call__``."""
 
@@ -188,6 +242,11 @@ def chunked_loss(
     if chunk != "auto":
         _validate.check_int(chunk, "chunk", minimum=1)
     inputs, targets = batch[:, :-1], batch[:, 1:]
+    route = _route(model, inputs)
+    if route is None:  # no self.model: nothing to chunk, and no forward pass run to find out
+        return default_loss(model, batch, lengths)
+    if route != "model":  # a wrapper returning one child's logits: that child's head, chunked
+        return chunked_loss(getattr(model, route), batch, lengths, chunk)
     try:
         hidden = hidden_states(model, inputs)
         head = Head(model, hidden, inputs)

@@ -42,7 +42,7 @@ from ..chunking import Chunks, chunk_layers
 from ..nn import checkpoint_layers, checkpoint_module, find_layers, is_checkpointed, restoring
 from ..planner import Plan
 from ..step import TrainingStep
-from . import _report
+from . import _report, recurrences
 from .losses import loss_for
 
 __all__ = ["checkpointed_blocks", "train"]
@@ -80,8 +80,15 @@ def checkpointed_blocks(
                     checkpoint_module(b)
         else:
             checkpoint_layers(model, blocks, segment=segment)
-        chunk_layers(model, chunks, layers=blocks)
+        chunk_layers(model, chunks, layers=blocks, routes=_routes(chunks))
         yield blocks
+
+
+def _routes(chunks: Chunks | None) -> dict[str, Any]:
+    """The recurrences nuvec computes in chunks inside the blocks, as ``chunks.scan`` says."""
+    if chunks is not None and not isinstance(chunks, Chunks):
+        raise TypeError(f"chunks must be an nv.Chunks or None, got {type(chunks).__name__}")
+    return recurrences.routes((chunks or Chunks()).scan)
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
@@ -179,7 +186,7 @@ def _planned(model: nn.Module, plan: Plan, chunks: Chunks) -> Iterator[None]:
     blocks = _blocks(model)
     with restoring([m for b in blocks for m in b.modules()]):
         plan.apply(model)
-        chunk_layers(model, chunks, layers=blocks)
+        chunk_layers(model, chunks, layers=blocks, routes=_routes(chunks))
         yield
 
 
