@@ -36,7 +36,18 @@ from mlx.utils import tree_flatten
 from . import _attention, _reroute, _validate
 from . import nn as nv_nn
 
-__all__ = ["AUTO", "FEED_FORWARD", "Chunks", "Setting", "chunk_layers", "feed_forward", "head_tokens", "mlp_tokens"]
+__all__ = [
+    "AUTO",
+    "FEED_FORWARD",
+    "Chunks",
+    "Setting",
+    "attention_queries",
+    "blocks_inputs",
+    "chunk_layers",
+    "feed_forward",
+    "head_tokens",
+    "mlp_tokens",
+]
 
 #: A chunk setting: ``"auto"`` (sized by the rules here), a size in tokens, or ``None`` (never chunk).
 Setting = int | str | None
@@ -46,12 +57,29 @@ AUTO = _attention.AUTO
 #: independently: what the MLP setting checkpoints in chunks.
 FEED_FORWARD = ("mlp", "feed_forward", "block_sparse_moe")
 
-#: The loss head is split into ``ceil(vocabulary / (HEAD_RATIO x hidden))`` chunks by default (see
-#: :func:`head_tokens`).
+#: The share of the blocks' inputs (every checkpointed block's input: what a checkpointed step keeps between
+#: its forward and backward pass) that one chunk of a part may hold at its peak: the step's peak is then the
+#: blocks' inputs, what a block's backward pass holds for the whole sequence, and one such share, at every length.
+SHARE = 1 / 8
+#: What each part holds at its peak per unit of its chunk, in bytes, measured on the CPU (bfloat16 LoRA, MLX
+#: 0.32): the loss head per logit (a chunk's tokens x the vocabulary: its logits, their float32 softmax and
+#: gradient), the MLP's backward per token x its width (float32 copies of its intermediates, LoRA's among them),
+#: unfused attention per score (heads x queries x keys).
+HEAD_BYTES, MLP_BYTES, SCORE_BYTES = 6, 34, 7
+#: The loss head's default: ``ceil(vocabulary / (HEAD_RATIO x hidden))`` chunks at most (see :func:`head_tokens`).
 HEAD_RATIO = 8
 #: A chunk of the head has at least this many rows (batch x tokens), or the whole sequence: on fewer rows
 #: each chunk's matrix products read the whole head weight for little work.
 MIN_ROWS = 128
+#: Where the blocks' inputs ask for smaller chunks of the head than :data:`HEAD_RATIO` gives, a chunk still has
+#: this many rows: each chunk is two stages the device waits for.
+HEAD_MIN_ROWS = 1024
+#: A chunk of the MLP does at least this much work, rows x hidden x width multiply-adds, by backend: on a GPU
+#: (CUDA, Metal) each chunk is a stage the device waits for, and narrow MLPs' chunks cost more time than their
+#: memory is worth (no 1B model's MLP is chunked at batch 4 x 2048 tokens); on the CPU a stage costs nothing.
+MLP_MIN_WORK = {"cpu": 1 << 26, "gpu": 1 << 37}
+#: Unfused attention's queries per chunk are at least this many (and at most 4 x the head size).
+ATTENTION_MIN = 64
 
 
 def check(setting: object, name: str) -> Setting:
@@ -59,43 +87,89 @@ def check(setting: object, name: str) -> Setting:
     return _attention.check(setting, name)
 
 
-def head_tokens(tokens: int, hidden: int, vocabulary: int, batch: int = 1) -> int:
+def blocks_inputs(tokens: int, hidden: int, batch: int = 1, blocks: int = 1, itemsize: int = 2) -> int:
+    """The bytes of every checkpointed block's input: ``blocks`` x ``batch`` x ``tokens`` x ``hidden`` x ``itemsize``.
+
+    Example:
+        >>> nv.chunking.blocks_inputs(tokens=32768, hidden=4096, blocks=32) / 2**30
+        8.0
+    """
+    _check_sizes(tokens=tokens, hidden=hidden, batch=batch, blocks=blocks, itemsize=itemsize)
+    return blocks * batch * tokens * hidden * itemsize
+
+
+def head_tokens(tokens: int, hidden: int, vocabulary: int, batch: int = 1, blocks: int = 1) -> int:
     """The loss head's tokens per chunk by default.
 
-    The head is split into ``ceil(vocabulary / (HEAD_RATIO x hidden))``
-    chunks, so that one chunk's logits (batch x chunk x vocabulary) take at
-    most :data:`HEAD_RATIO` times the bytes of all the hidden states (batch x
-    tokens x hidden): as much as a few checkpointed blocks keep, not the
-    vocabulary's multiple of it. A chunk has at least :data:`MIN_ROWS` rows
-    (``batch`` x its tokens), or the whole sequence.
+    At most ``ceil(vocabulary / (HEAD_RATIO x hidden))`` chunks' worth (one
+    chunk's logits take at most :data:`HEAD_RATIO` times the bytes of all the
+    hidden states), and small enough that a chunk holds at most :data:`SHARE`
+    of the blocks' inputs (:data:`HEAD_BYTES` per logit), where that leaves a
+    chunk :data:`HEAD_MIN_ROWS` rows: on long sequences the chunks then stop
+    growing with them, so that the head's peak is a fixed share of what the
+    blocks keep. A chunk has at least :data:`MIN_ROWS` rows, or the whole
+    sequence.
 
     Args:
         tokens: the sequence length.
         hidden: the hidden size (the head's input).
         vocabulary: the head's outputs.
         batch: the batch size.
+        blocks: the model's checkpointed blocks (1 where unknown).
 
     Returns:
         The tokens per chunk, at most ``tokens``.
 
     Example:
-        >>> nv.chunking.head_tokens(tokens=2048, hidden=2048, vocabulary=128256, batch=4)
+        >>> nv.chunking.head_tokens(tokens=2048, hidden=2048, vocabulary=128256, batch=4, blocks=16)
         256
+        >>> nv.chunking.head_tokens(tokens=32768, hidden=4096, vocabulary=128256, blocks=32)
+        1395
     """
-    _check_sizes(tokens=tokens, hidden=hidden, vocabulary=vocabulary, batch=batch)
+    _check_sizes(tokens=tokens, hidden=hidden, vocabulary=vocabulary, batch=batch, blocks=blocks)
     count = math.ceil(vocabulary / (HEAD_RATIO * hidden))
-    return min(tokens, max(math.ceil(tokens / count), math.ceil(MIN_ROWS / batch)))
+    widest = max(math.ceil(tokens / count), math.ceil(MIN_ROWS / batch))
+    share = int(SHARE * blocks_inputs(tokens, hidden, batch, blocks) // (HEAD_BYTES * vocabulary * batch))
+    return min(tokens, widest, max(share, math.ceil(HEAD_MIN_ROWS / batch)))
 
 
-def mlp_tokens(tokens: int, hidden: int, width: int, batch: int = 1, blocks: int = 1) -> int | None:
+def mlp_tokens(
+    tokens: int, hidden: int, width: int, batch: int = 1, blocks: int = 1, backend: str = "gpu"
+) -> int | None:
     """A block's MLP's tokens per chunk by default, or ``None`` to leave it whole.
 
+    Chunks hold at most :data:`SHARE` of the blocks' inputs (:data:`MLP_BYTES`
+    per token x ``width``, the MLP's widest layer), but do at least
+    :data:`MLP_MIN_WORK` on ``backend``; an MLP whose whole sequence fits one
+    such chunk is left whole.
+
+    Args:
+        tokens, hidden, width, batch, blocks: the sizes.
+        backend: ``"cpu"`` or ``"gpu"`` (CUDA and Metal).
+
     Example:
+        >>> nv.chunking.mlp_tokens(tokens=32768, hidden=4096, width=14336, blocks=32)
+        2341
         >>> nv.chunking.mlp_tokens(tokens=2048, hidden=2048, width=8192, batch=4, blocks=16) is None
         True
     """
     _check_sizes(tokens=tokens, hidden=hidden, width=width, batch=batch, blocks=blocks)
-    return None
+    if backend not in MLP_MIN_WORK:
+        raise ValueError(f"backend must be one of {', '.join(MLP_MIN_WORK)}, got {backend!r}")
+    share = int(SHARE * blocks_inputs(tokens, hidden, batch, blocks) // (MLP_BYTES * width))
+    rows = max(share, math.ceil(MLP_MIN_WORK[backend] / (hidden * width)))
+    size = math.ceil(rows / batch)
+    return None if size >= tokens else size
+
+
+def attention_queries(q: mx.array, k: mx.array, blocks: int = 1, hidden: int | None = None) -> int:
+    """Unfused attention's queries per chunk by default: 4 x the head size, fewer where a chunk's scores
+    (:data:`SCORE_BYTES` each) would hold more than :data:`SHARE` of the blocks' inputs, at least
+    :data:`ATTENTION_MIN`."""
+    batch, heads, tokens, head = q.shape
+    width = heads * head if hidden is None else hidden
+    share = int(SHARE * blocks_inputs(tokens, width, batch, blocks) // (SCORE_BYTES * batch * heads * k.shape[2]))
+    return max(min(4 * head, share), ATTENTION_MIN)
 
 
 def _check_sizes(**sizes: int) -> None:
@@ -164,7 +238,8 @@ class _MLP:
         if isinstance(self.setting, int):
             return self.setting
         batch, tokens, hidden = x.shape[0], x.shape[1], x.shape[-1]
-        return mlp_tokens(tokens, hidden, _width(module), batch, self.blocks)
+        backend = "cpu" if _attention.backend() == "cpu" else "gpu"
+        return mlp_tokens(tokens, hidden, _width(module), batch, self.blocks, backend)
 
 
 def _width(module: nn.Module) -> int:
@@ -176,48 +251,54 @@ def _width(module: nn.Module) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
+class _FastAttention:
+    """``mx.fast.scaled_dot_product_attention`` in chunks of queries: ``chunk`` of them, or with ``"auto"``
+    :func:`attention_queries` of a model of ``blocks`` blocks where this backend trains attention unfused."""
+
+    chunk: int | str
+    blocks: int
+
+    def __call__(self, q: mx.array, k: mx.array, v: mx.array, *, scale: float, mask: Any = None, **options: Any):
+        chunk: int | str | None = self.chunk
+        if chunk == AUTO:
+            causal = isinstance(mask, str) and mask == "causal"
+            unfused = q.ndim == 4 and _attention.trains_unfused(q, k, v, causal)
+            chunk = attention_queries(q, k, self.blocks) if unfused else None
+        return _attention.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, chunk=chunk, **options)
+
+
+@dataclasses.dataclass(frozen=True)
 class _LibraryAttention:
     """mlx-lm's ``scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None)``,
-    in chunks of queries where it runs without a cache (training); as it is with one (generation)."""
+    in chunks of queries (:class:`_FastAttention`) where it runs without a cache (training); as it is with
+    one (generation)."""
 
     original: Callable[..., mx.array]
-    chunk: int | str
+    fast: _FastAttention
 
     def __call__(self, queries: mx.array, keys: mx.array, values: mx.array, cache: Any, scale: float, mask: Any,
                  sinks: mx.array | None = None) -> mx.array:  # fmt: skip
         if cache is not None:
             return self.original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
         options = {} if sinks is None else {"sinks": sinks}
-        return _attention.scaled_dot_product_attention(
-            queries, keys, values, scale=scale, mask=mask, chunk=self.chunk, **options
-        )
+        return self.fast(queries, keys, values, scale=scale, mask=mask, **options)
 
 
-@dataclasses.dataclass(frozen=True)
-class _FastAttention:
-    """``mx.fast.scaled_dot_product_attention``, in chunks of queries."""
-
-    chunk: int | str
-
-    def __call__(self, q: mx.array, k: mx.array, v: mx.array, **options: Any) -> mx.array:
-        return _attention.scaled_dot_product_attention(q, k, v, chunk=self.chunk, **options)
-
-
-def attention_routes(cls: type, chunk: int | str) -> dict[str, Any]:
-    """The routes that make ``cls``'s ``__call__`` compute its attention in chunks of ``chunk`` queries:
-    its global ``scaled_dot_product_attention`` (mlx-lm's), and ``mx`` where it calls
-    ``mx.fast.scaled_dot_product_attention`` itself; empty where it calls neither."""
+def attention_routes(cls: type, chunk: int | str, blocks: int = 1) -> dict[str, Any]:
+    """The routes that make ``cls``'s ``__call__`` compute its attention in chunks of ``chunk`` queries (a
+    model of ``blocks`` blocks): its global ``scaled_dot_product_attention`` (mlx-lm's), and ``mx`` where it
+    calls ``mx.fast.scaled_dot_product_attention`` itself; empty where it calls neither."""
     names = _reroute.names_read(cls)
     if "scaled_dot_product_attention" not in names:
         return {}
     namespace = getattr(cls.__call__, "__globals__", {})
+    fast = _FastAttention(chunk, blocks)
     found: dict[str, Any] = {}
     library = namespace.get("scaled_dot_product_attention")
     if callable(library) and library is not mx.fast.scaled_dot_product_attention:
-        found["scaled_dot_product_attention"] = _LibraryAttention(library, chunk)
+        found["scaled_dot_product_attention"] = _LibraryAttention(library, fast)
     if "fast" in names and namespace.get("mx") is mx:
-        fast = _reroute.Namespace(mx.fast, scaled_dot_product_attention=_FastAttention(chunk))
-        found["mx"] = _reroute.Namespace(mx, fast=fast)
+        found["mx"] = _reroute.Namespace(mx, fast=_reroute.Namespace(mx.fast, scaled_dot_product_attention=fast))
     return found
 
 
@@ -267,7 +348,7 @@ def chunk_layers(
     changed = 0
     for block in blocks:
         for module in block.modules():
-            changed += nv_nn.reroute(module, _routes(module, chunks, extra) if enable else {})
+            changed += nv_nn.reroute(module, _routes(module, chunks, extra, len(blocks)) if enable else {})
         mlp = feed_forward(block)
         if mlp is not None:
             rule = _MLP(chunks.mlp, len(blocks)) if enable and chunks.mlp is not None else None
@@ -277,10 +358,10 @@ def chunk_layers(
     return changed
 
 
-def _routes(module: nn.Module, chunks: Chunks, extra: dict[str, Any]) -> dict[str, Any]:
+def _routes(module: nn.Module, chunks: Chunks, extra: dict[str, Any], blocks: int) -> dict[str, Any]:
     """The routes ``module``'s own ``__call__`` takes: attention's, and those of ``extra`` it reads."""
     cls = nv_nn.original_class(module)
-    found = {} if chunks.attention is None else attention_routes(cls, chunks.attention)
+    found = {} if chunks.attention is None else attention_routes(cls, chunks.attention, blocks)
     names = _reroute.names_read(cls)
     found.update({name: route for name, route in extra.items() if name in names})
     return found

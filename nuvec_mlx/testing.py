@@ -585,14 +585,14 @@ def mlx_lm_config(arch: str, hidden: int, layers: int, vocab: int = 32000) -> di
             vocab_size_per_layer_input=vocab,
             tie_word_embeddings=True,
         )
-    elif arch == "qwen3_5":  # gated-delta blocks, every 2nd block full attention (Qwen3.5's is every 4th)
+    elif arch == "qwen3_5":  # gated-delta heads of 32, half as many key heads; every 4th block full attention
         base.update(
-            linear_num_value_heads=heads,
-            linear_num_key_heads=max(1, heads // 2),
-            linear_key_head_dim=head_dim,
-            linear_value_head_dim=head_dim,
+            linear_num_value_heads=hidden // 32,
+            linear_num_key_heads=max(1, hidden // 64),
+            linear_key_head_dim=32,
+            linear_value_head_dim=32,
             linear_conv_kernel_dim=4,
-            full_attention_interval=2,
+            full_attention_interval=4 if layers >= 4 else 2,
         )
     elif arch == "mamba2":  # state-space blocks only
         base.update(

@@ -205,3 +205,41 @@ def test_the_step_s_peak_grows_with_tokens_not_their_square(compiled):
             rises[setting, tokens] = m.rise
     assert rises["auto", 1024] <= 2.2 * rises["auto", 512], rises
     assert rises[None, 1024] >= 3 * rises["auto", 1024], rises
+
+
+def test_the_rules_bound_each_part_by_a_share_of_the_blocks_inputs_at_long_lengths():
+    """Llama-3.1-8B's sizes (hidden 4096, 32 blocks, MLP 14336, vocabulary 128,256), batch 1: from 32k tokens
+    on, a chunk of the head or of the MLP holds at most an eighth of the blocks' inputs, so the chunks grow no
+    more with the sequence than the blocks' inputs do; at 1B sizes and batch 4 x 2048 the head keeps its chunks
+    of 256 tokens and the MLP stays whole on a GPU."""
+    chunking = nv.chunking
+    for tokens in (32768, 65536, 131072):
+        inputs = chunking.blocks_inputs(tokens, 4096, blocks=32)
+        head = chunking.head_tokens(tokens, 4096, 128256, blocks=32)
+        mlp = chunking.mlp_tokens(tokens, 4096, 14336, blocks=32)
+        assert head * 128256 * chunking.HEAD_BYTES <= chunking.SHARE * inputs
+        assert mlp is not None and mlp * 14336 * chunking.MLP_BYTES <= 1.1 * chunking.SHARE * inputs
+    assert chunking.head_tokens(2048, 2048, 128256, batch=4, blocks=16) == 256
+    assert chunking.mlp_tokens(2048, 2048, 8192, batch=4, blocks=16) is None  # a GPU: the MLP whole
+    assert chunking.mlp_tokens(2048, 2048, 8192, batch=4, blocks=16, backend="cpu") == 60  # the CPU: chunked
+    with pytest.raises(ValueError, match="backend must be one of cpu, gpu, got 'tpu'"):
+        chunking.mlp_tokens(2048, 2048, 8192, backend="tpu")
+
+
+def test_auto_chunks_a_long_sequence_s_mlp_and_leaves_a_short_one_whole(monkeypatch):
+    """The rule asked at each call, with the call's sizes: a Llama of hidden 32 (MLP 64, 2 blocks), with the
+    CPU's least work per chunk lowered to this model's size, in chunks of 32 tokens at 256 tokens (each MLP's 8
+    chunks a stage in its forward and its backward pass), whole at 32."""
+    monkeypatch.setitem(nv.chunking.MLP_MIN_WORK, "cpu", 32 * 32 * 64)
+    assert nv.chunking.mlp_tokens(256, 32, 64, blocks=2, backend="cpu") == 32
+    assert nv.chunking.mlp_tokens(32, 32, 64, blocks=2, backend="cpu") is None
+    model = MODELS["llama"]()
+    nv.checkpoint_layers(model)
+    nv.chunk_layers(model, nv.Chunks(attention=None))
+    step = nv.TrainingStep(model, default_loss, compile=False)
+    counts = []
+    for tokens in (32, 256):
+        with nv.memory.timeline() as timeline:
+            step(*batch(tokens))
+        counts.append([r.kind for r in timeline.readings].count("chunk"))
+    assert counts[1] - counts[0] == 2 * 2 * 8, counts  # 2 blocks, forward and backward, 8 chunks each

@@ -257,7 +257,9 @@ def chunked_loss(
     size = (
         chunk
         if isinstance(chunk, int)
-        else chunking.head_tokens(hidden.shape[1], hidden.shape[2], head.vocabulary, hidden.shape[0])
+        else chunking.head_tokens(
+            hidden.shape[1], hidden.shape[2], head.vocabulary, hidden.shape[0], len(getattr(model, "layers", ())) or 1
+        )
     )
 
     tokens = mask.sum()
