@@ -88,6 +88,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="nuvec's blocks per segment: an int, or sqrt (only every segment-th block's input kept; default 1)",
     )
     p.add_argument("--lengths", help="sequence lengths of the sweep, comma-separated; '' skips it")
+    p.add_argument("--batch", type=options.positive, default=1, help="rows per batch (default 1)")
     p.add_argument("--steps", type=options.positive, help="steps of each sweep run (the first compiles), >= 2")
     p.add_argument(
         "--memory",
@@ -144,7 +145,7 @@ def _check(args: argparse.Namespace) -> None:
     if unknown:
         raise ValueError(f"--configs: unknown {sorted(unknown)}; choose from {', '.join(testing.PUBLIC_CONFIGS)}")
     first = args.search_from or (args.lengths[0] if args.lengths else 4096)
-    common = dict(batch=1, seq=first, dtype=args.dtype, lora_rank=args.lora_rank)
+    common = dict(batch=args.batch, seq=first, dtype=args.dtype, lora_rank=args.lora_rank)
     modes = options.csv(args.modes)
     args.workloads = [
         TrainWorkload(c, layers=args.layers, mode=m, **common) for c in options.csv(args.configs) for m in modes
@@ -181,6 +182,7 @@ def record(w: TrainWorkload, trainer: Trainer, outcome: Outcome, phase: str, mem
         "mode": w.mode,
         "trainer": trainer.label(),
         "length": w.seq,
+        "batch": w.batch,
         "layers": config["num_hidden_layers"],
         "hidden": config["hidden_size"],
         "vocab": config["vocab_size"],

@@ -43,8 +43,8 @@ def steps_after_first(values: list[float]) -> dict[str, Any] | None:
 
 
 def blocks_inputs(r: dict) -> int:
-    """The bytes of the blocks' inputs of run ``r``: layers x tokens x hidden x the activations' bytes."""
-    return int(r["layers"] * r["length"] * r["hidden"] * r["activation_bytes"])
+    """The bytes of the blocks' inputs of run ``r``: layers x batch x tokens x hidden x the activations' bytes."""
+    return int(r["layers"] * r.get("batch", 1) * r["length"] * r["hidden"] * r["activation_bytes"])
 
 
 def _base_time(runs: list[dict], r: dict) -> float | None:
@@ -129,9 +129,9 @@ def notes(results: dict, args: argparse.Namespace) -> list[str]:
     lines = [
         "- each run: one process per model, mode, trainer and length, through the trainer's own `train()` "
         "(`none`: `mlx_lm.tuner.trainer.train` without `grad_checkpoint`; `mlx-lm`: the same with it; `nuvec`: "
-        "`nuvec_mlx.mlx_lm.train` with it, at its defaults or the settings in brackets); random weights, batch 1 "
-        "of one row of random tokens (the model reads `tokens`; `max_seq_length` is tokens + 1), Adam at mlx-lm's "
-        "learning rate, LoRA of rank "
+        "`nuvec_mlx.mlx_lm.train` with it, at its defaults or the settings in brackets); random weights, "
+        f"batch {args.batch} of rows of random tokens (the model reads `tokens`; `max_seq_length` is tokens + 1), "
+        "Adam at mlx-lm's learning rate, LoRA of rank "
         f"{args.lora_rank} on mlx-lm's default layers of every block; `qlora`: the base quantized as `mlx_lm.convert "
         "-q` does (4 bits, groups of 64); the model loaded from a folder built once (`mlx_lm.utils.load_model`)",
         "- held: MLX's active memory once the model, its adapters and the initialised optimizer exist, before "

@@ -143,7 +143,7 @@ class Trainer:
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
-    """One run: a model (at batch 1 and ``workload.seq`` tokens), a trainer, its steps, where its model
+    """One run: a model (at ``workload.batch`` rows of ``workload.seq`` tokens), a trainer, its steps, where its model
     folder is, and the cap of its memory in bytes (``None``: none)."""
 
     workload: TrainWorkload
@@ -369,11 +369,12 @@ def load(w: TrainWorkload, folder: Path) -> tuple[nn.Module, optim.Optimizer, in
     return model, optimizer, mx.get_active_memory()
 
 
-def one_row(vocab: int, length: int) -> list[tuple[np.ndarray, int]]:
-    """A dataset of one row as mlx-lm's ``iterate_batches`` takes it (``(tokens, offset)`` items): ``length
-    + 1`` random token ids, so that the model reads ``length`` tokens (the last id is only a target)."""
-    tokens = np.random.default_rng(SEED).integers(0, vocab, length + 1, dtype=np.int32)
-    return [(tokens, 0)]
+def one_row(vocab: int, length: int, rows: int = 1) -> list[tuple[np.ndarray, int]]:
+    """A dataset of ``rows`` rows (one batch) as mlx-lm's ``iterate_batches`` takes it (``(tokens, offset)``
+    items): ``length + 1`` random token ids each, so that the model reads ``length`` tokens (the last id is only
+    a target)."""
+    ids = np.random.default_rng(SEED).integers(0, vocab, (rows, length + 1), dtype=np.int32)
+    return [(row, 0) for row in ids]
 
 
 def trainer_function(trainer: Trainer) -> Callable[..., Any]:
@@ -401,7 +402,7 @@ def train_run(spec: RunSpec, result: Path) -> Outcome:
     outcome.load_seconds = time.perf_counter() - start
     reader = StepReader(outcome.held, spec.steps, outcome)
     args = TrainingArgs(
-        batch_size=1,
+        batch_size=w.batch,
         iters=spec.steps,
         max_seq_length=w.seq + 1,  # the row's length + 1 ids: iterate_batches keeps every one
         grad_checkpoint=trainer.name != "none",
@@ -417,7 +418,7 @@ def train_run(spec: RunSpec, result: Path) -> Outcome:
     with guard:
         reader.start()
         try:
-            dataset = one_row(w.config()["vocab_size"], w.seq)
+            dataset = one_row(w.config()["vocab_size"], w.seq, w.batch)
             function(model, optimizer, dataset, args=args, training_callback=reader, **trainer.settings())
         except Finished:
             pass
