@@ -36,7 +36,7 @@ from mlx_lm.tuner.utils import linear_to_lora_layers
 
 import nuvec_mlx as nv
 from nuvec_mlx import mlx_lm as nv_mlx_lm
-from nuvec_mlx import testing
+from nuvec_mlx_bench import testing
 
 BATCH, SEQ, STEPS, VOCAB = 2, 128, 5, 256
 STRATEGIES = ("none", "mlx-lm", "nuvec")

@@ -9,7 +9,9 @@ other module, thread and user of it would see the replacement), the one
 instance asked for gets a subclass whose ``__call__`` (and the methods its
 class defines, helpers ``__call__`` calls) is its class's own code with its
 globals seen through an overlay: the names given read the replacements, every
-other name reads the module's globals as they are.
+other name the module's globals as they were when the subclass was made (a
+copy: Python reads a function's globals from a plain dict, so a name the
+module rebinds later is not seen by the rerouted code).
 
 ``mx`` itself can be among the names, as a :class:`Namespace` that replaces
 some of its attributes (``mx.fast.scaled_dot_product_attention`` called

@@ -41,11 +41,6 @@ def warn(message: str, category: type[Warning]) -> None:
     warnings.warn(message, category, stacklevel=level)
 
 
-def deprecated(old: str, new: str) -> None:
-    """Warn that ``old`` is deprecated in favour of ``new`` (a :class:`FutureWarning`, shown to users)."""
-    warn(f"{old} is deprecated: use {new}", FutureWarning)
-
-
 def name_of(fn: object) -> str:
     """A readable name for a function in error messages."""
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)

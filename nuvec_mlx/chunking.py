@@ -188,8 +188,8 @@ class Chunks:
     Attributes:
         head: the loss head's tokens per chunk (:func:`head_tokens`).
         attention: attention's queries per chunk; ``"auto"`` chunks where the
-            backend trains attention unfused (the CPU, Metal), in chunks of 4 x
-            the head size.
+            backend trains attention unfused (the CPU, Metal), in chunks of
+            :func:`attention_queries` (at most 4 x the head size).
         mlp: a block's MLP's tokens per chunk (:func:`mlp_tokens`).
         scan: a recurrence's tokens per chunk (gated delta, state-space scans).
 

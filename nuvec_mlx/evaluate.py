@@ -143,26 +143,19 @@ def staged(
 
 def _evaluate_stages(stages: list[mx.array], arrays: tuple[Any, ...], ahead: int, synchronize: bool) -> None:
     """Evaluate ``stages`` one by one, then ``arrays``, with up to ``ahead`` of them queued past the one
-    waited for (as :func:`_may_queue` allows); with ``synchronize``, :func:`mlx.core.synchronize` after each stage."""
+    waited for; with ``synchronize``, :func:`mlx.core.synchronize` after each stage."""
     work = [(stage,) for stage in stages] + [arrays]
     kinds = [_marks.kind(stage) for stage in stages] + ["outputs"]
     queued = 0  # work[:queued] is on the device's queue
     _registry.starting()
     for i, item in enumerate(work):
-        while ahead and queued < len(work) and _may_queue(i, kinds[i + 1 : queued + 1], ahead):
+        while ahead and queued < len(work) and queued - i <= ahead:
             mx.async_eval(*work[queued])
             queued += 1
         mx.eval(*item)
         if synchronize and i < len(stages):
             mx.synchronize()
         _registry.evaluated(i, len(stages), kinds[i])
-
-
-def _may_queue(waited: int, beyond: list[str], ahead: int) -> bool:
-    """Whether stages of kinds ``beyond`` may be queued past stage ``waited``, the one waited for:
-    ``ahead`` of them. (A seam: ``benchmarks/probes/step_variants.py`` tries other rules here, by the
-    kinds of the stages, ``nuvec-light-*``, or a depth per stage, ``nuvec-measured``.)"""
-    return len(beyond) <= ahead
 
 
 @contextlib.contextmanager

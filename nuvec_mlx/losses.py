@@ -48,7 +48,9 @@ def cross_entropy(
         hidden: the hidden states, ``(batch, tokens, hidden)``.
         targets: the target ids, ``(batch, tokens)``.
         weights: per-token weights (a mask), ``(batch, tokens)``, or ``None``.
-        chunk: tokens per chunk; ``None`` for :func:`nuvec_mlx.chunking.head_tokens`.
+        chunk: tokens per chunk; ``None`` for :func:`nuvec_mlx.chunking.head_tokens`
+            of these sizes, as for a model of one block (the loss is not told how
+            many blocks the model has).
         label_smoothing: as for :func:`mlx.nn.losses.cross_entropy`.
         reduction: ``"mean"`` (over every token, as MLX's), ``"sum"``, or
             ``"none"`` (per-token losses, ``(batch, tokens)``).

@@ -120,8 +120,8 @@ def restoring(modules: Sequence[nn.Module]) -> Iterator[None]:
 
 def _in_chunks(module: nn.Module, call: Callable[..., Any], chunk: ChunkSize, args: tuple, kwargs: dict) -> Any:
     """``call(*args, **kwargs)`` checkpointed in chunks of ``chunk`` along axis 1 of its first argument;
-    as it is where that is one chunk (a lone chunk held more than the plain call: MLX 0.32, CPU) or
-    where a rule says ``None``."""
+    as it is, neither chunked nor checkpointed, where that is one chunk (checkpointed, a lone chunk holds
+    more than the plain call) or where a rule says ``None``."""
     if not args or not isinstance(args[0], mx.array) or args[0].ndim < 2:
         raise ValueError(
             f"a module checkpointed in chunks ({_validate.name_of(call)}) splits its first positional "
@@ -200,8 +200,9 @@ def checkpoint_module(
     checkpointed block it costs no computation: the block's recomputation no
     longer needs the module's forward pass, which the chunks' recomputation
     replaces. There it bounds what the block's backward pass holds.
-    An input of no more than ``chunk`` tokens runs the module as it is (one
-    chunk, checkpointed, held more than the plain call on a CPU).
+    An input of no more than ``chunk`` tokens runs the module as it is,
+    neither chunked nor checkpointed (checkpointed as one chunk, it would
+    hold more than the plain call).
     :func:`nuvec_mlx.chunk_layers` chunks each block's MLP so, by a rule.
 
     Args:
@@ -334,9 +335,10 @@ def checkpoint_layers(
     blocks = find_layers(model, layers)
     size = _segment_size(segment, len(blocks))
     if size > 1 and (every != 1 or policy is not None):
+        given = f"every={every}" if every != 1 else "a policy"
         raise ValueError(
-            f"segment must be 1 with every={every} or a policy: a segment recomputes its blocks' inputs from "
-            f"its first block's, every block checkpointed without a policy; got segment={segment!r}"
+            f"segment must be 1 with {given}: a segment recomputes its blocks' inputs from its first block's, "
+            f"every block checkpointed without a policy; got segment={segment!r}"
         )
     for i, block in enumerate(blocks):
         if enable and i % every == 0:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The benchmark runs behind benchmarks/results/h200/, on a lent H200 laid out as
-# shared/device/mlx-cuda.md describes: offline, MLX wheels in $WHEELS, PyTorch, JAX and the NVIDIA
-# libraries in $TORCH_VENV. From the repository's root:
+# The benchmark runs behind benchmarks/results/h100/ and h200/, on an NVIDIA GPU machine without
+# network access: MLX's CUDA wheels (mlx, mlx-cuda-13, mlx-lm) in $WHEELS, PyTorch, JAX and the
+# NVIDIA libraries in $TORCH_VENV. From the repository's root:
 #   bash scripts/run_cuda.sh OUTDIR PART
 # PART picks the runs, each written into OUTDIR/PART/ with its log OUTDIR/PART.log:
 #   suite       the full benchmark (15 MLX repeats, 3 per peer), nuvec_mlx's defaults, PyTorch
@@ -20,20 +20,12 @@
 #               and Llama-3.2-1B (2048, 128,256) at batch 4 x 2048 tokens, frozen (LoRA) and trained (full):
 #               whole, in chunks of head_chunk's length and of 256, 512 and 1024 tokens, each recomputed or
 #               (nuvec's) its gradient taken in the forward pass, and by hand unstaged
-#   probe-steps benchmarks/probes/step_variants.py (needs mlx-lm) on Llama-3.2-1B LoRA, Qwen3-0.6B LoRA and full,
-#               Gemma-3-1B LoRA and full at batch 4 x 2048: mlx-lm's step against nuvec's, nuvec's with the
-#               head's chunks recomputed, with every update folded into the next stage, two stages ahead, the
-#               head recomputed and two ahead, the MLP in chunks (PROBE_ARGS="--mlp-chunk 1024" to size
-#               them) at one and two ahead, light stages queued further, the head in fewer chunks, deeper
-#               queues under MLX's memory limit (-capped), each stage's queue from a timeline (nuvec-measured*),
-#               and the step unchecked (none);
-#               PROBE_ARGS="--variants a,b" picks variants, STEP_RUNS (lines "config mode") the runs
 #   probe-timeline
 #               benchmarks/probes/train_timeline.py: the memory after and the peak during every stage of one
-#               step of nuvec's, on probe-steps' runs (STEP_RUNS), bf16, batch 4 x 2048: where the step peaks,
+#               step of nuvec's, on each of STEP_RUNS' lines ("config mode"), bf16, batch 4 x 2048: where the step peaks,
 #               and what each stage would add in flight
 #   seed-mlp    the seed MLP alone at nuvec_mlx's defaults against the plain step (none, nuvec; 9 repeats, no
-#               peers, no depth sweep): issue #27's seed target in a minute
+#               peers, no depth sweep): the seed target in a minute
 #   gemma-mlx-lm
 #               benchmarks/probes/strategy_runs.py: one step of mlx-lm's --grad-checkpoint on Gemma-3-1B at
 #               512, 1024 and 2048 tokens (an early probe saw it raise past the sliding window; on 2026-12-05
@@ -84,7 +76,7 @@
 # A part that fails says so at the end of its log and on the console; the others still run, and
 # the script's exit status is 1 if any part failed.
 set -uo pipefail
-usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|probe-head|probe-steps|probe-timeline|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|train-mlp-chunks|train-long|train-long-fit|plan|plan-transformer|plan-llama|tests|all"
+usage="usage: run_cuda.sh OUTDIR suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|probe-head|probe-timeline|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|train-mlp-chunks|train-long|train-long-fit|plan|plan-transformer|plan-llama|tests|all"
 out=${1:?$usage}
 part=${2:?$usage}
 # The machine's paths, each overridable from the environment.
@@ -92,7 +84,6 @@ WHEELS=${WHEELS:-/root/stash}                   # the MLX wheels (mlx, mlx-cuda-
 SITE=${SITE:-/tmp/site}                         # where they are installed
 TORCH_VENV=${TORCH_VENV:-/opt/torch/.venv}      # PyTorch, JAX and the NVIDIA libraries
 NVIDIA_LIBS=${NVIDIA_LIBS:-$TORCH_VENV/lib/python3.12/site-packages/nvidia}
-BENCH_SRC=${BENCH_SRC:-/tmp/nuvec-bench-src}    # benchmarks/ under its import name, nuvec_mlx_bench
 # The train parts need mlx-lm 0.32.2, a pure-Python wheel, in $LM_WHEELS (pip download mlx-lm==0.32.2
 # --no-deps): its dependencies (transformers 5.17, tokenizers, sentencepiece, jinja2 ...) are in the
 # H200's $TORCH_VENV already; newer ones installed beside it would shadow them (transformers 5.25 needs
@@ -107,9 +98,8 @@ if ls "$WHEELS"/cudapart.* >/dev/null 2>&1; then
   cat "$WHEELS"/cudapart.* > "$WHEELS/mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl" && rm "$WHEELS"/cudapart.*
 fi
 [ -d "$SITE/mlx" ] || python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$WHEELS"/*.whl
-# The benchmark package without installing it (offline): a link named as the package imports it.
-mkdir -p "$BENCH_SRC" && ln -sfn "$PWD/benchmarks" "$BENCH_SRC/nuvec_mlx_bench"
-export PYTHONPATH=$SITE:$PWD:$BENCH_SRC PYTHONUNBUFFERED=1
+# The library and the benchmark's package from the checkout, without installing them (offline).
+export PYTHONPATH=$SITE:$PWD:$PWD/benchmarks PYTHONUNBUFFERED=1
 export LD_LIBRARY_PATH=$NVIDIA_LIBS/cu13/lib:$NVIDIA_LIBS/cudnn/lib:$NVIDIA_LIBS/nccl/lib
 mkdir -p "$out"
 $PY -c "import mlx.core as mx; print(mx.default_device(), mx.device_info()['device_name'])"
@@ -157,12 +147,7 @@ each_step_run() {  # each_step_run FN: FN CONFIG MODE for each line of STEP_RUNS
     "$1" "$config" "$mode" || return 1
   done <<<"${STEP_RUNS:-$step_runs}"
 }
-step_variants() {
-  # shellcheck disable=SC2086  # PROBE_ARGS are words
-  $PY benchmarks/probes/step_variants.py --config "$1" --mode "$2" ${PROBE_ARGS:-}
-}
 train_timeline() { $PY benchmarks/probes/train_timeline.py "$1" "$2" bfloat16 --batch 4 --seq 2048; }
-part_probe_steps() { each_step_run step_variants; }
 part_probe_timeline() { each_step_run train_timeline; }
 part_seed_mlp() {
   bench --suite full --models mlp --depths "" --peers none --strategies none,nuvec --repeats 9 --out "$out/seed-mlp"
@@ -234,7 +219,7 @@ run_part() {  # run_part NAME: the part's output into its log; a failure is said
 }
 
 case $part in
-  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|probe-head|probe-steps|probe-timeline|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|train-mlp-chunks|train-long|train-long-fit|plan|plan-transformer|plan-llama|tests)
+  suite|suite-mlp|suite-transformer|suite-mlx|suite-mlx-ops1|probe-host|probe-head|probe-timeline|seed-mlp|gemma-mlx-lm|mlx-graphs|budgets|budget0|train|train-llama|train-qwen|train-gemma|train-moe|train-mlp-chunks|train-long|train-long-fit|plan|plan-transformer|plan-llama|tests)
     run_part "$part" ;;
   all)
     for p in suite mlx-graphs budgets budget0 plan plan-llama; do run_part "$p"; done

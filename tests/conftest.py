@@ -6,9 +6,6 @@ Two loops:
 - ``python -m pytest -m "not slow"`` is the developer loop: it leaves out the tests marked ``slow``
   (over about 3 s each on a 2-core CPU: the seed test, the planner's and largest_fit's sweeps, the
   mlx-lm trainer against mlx_lm.lora), and runs in under two minutes there.
-
-``python -m pytest -W error::FutureWarning`` checks that no test uses a deprecated spelling (only
-tests/test_deprecated.py does, inside ``pytest.warns``).
 """
 
 import os
@@ -54,3 +51,15 @@ def eager():
     mx.disable_compile()
     yield
     mx.enable_compile()
+
+
+@pytest.fixture
+def unloaded(monkeypatch):
+    """Loading a model fails the test: what the commands check must be said before anything is loaded."""
+    from mlx_lm import lora, utils
+
+    def fails(*args, **kwargs):
+        raise AssertionError("the model was loaded before the command said what was wrong")
+
+    monkeypatch.setattr(lora, "load", fails)  # mlx_lm.lora's run (nuvec-mlx-lora)
+    monkeypatch.setattr(utils, "load", fails)  # nuvec-mlx-plan's

@@ -27,7 +27,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 import nuvec_mlx as nv
-from nuvec_mlx.testing import block_weights, filled, mlp_block
+from nuvec_mlx_bench.testing import block_weights, filled, mlp_block
 from tests.helpers import rise
 
 #: The model and the whole batch (split across ranks): 8 blocks

@@ -14,7 +14,7 @@ import mlx.nn as nn
 import pytest
 
 import nuvec_mlx as nv
-from nuvec_mlx import testing
+from nuvec_mlx_bench import testing
 
 #: A test whose step runs unstaged on purpose (mx.eval of nuvec's checkpoints, an optimizer's update inside
 #: nv.compile, a gradient graph read without evaluating it): its NotStagedWarning is expected, not shown.
@@ -134,7 +134,7 @@ def assert_met_as_predicted(plan, budget: int) -> None:
 
 
 class FlatStep:
-    """A compiled flat gradient step of :mod:`nuvec_mlx.testing`'s blocks (the benchmark's seed step).
+    """A compiled flat gradient step of :mod:`nuvec_mlx_bench.testing`'s blocks (the benchmark's seed step).
 
     ``inputs`` are every block's weights, then the input, evaluated; ``step(inputs)`` returns the
     gradients (of the input, or of every input with ``weight_grads``) followed by the loss.
@@ -142,7 +142,7 @@ class FlatStep:
     Args:
         kind: ``"mlp"`` or ``"transformer"``.
         checkpointed: every block wrapped in :func:`nuvec_mlx.checkpoint_flat`, or none.
-        batch, dim, blocks, seq: the size (:func:`nuvec_mlx.testing.flat_inputs`).
+        batch, dim, blocks, seq: the size (:func:`nuvec_mlx_bench.testing.flat_inputs`).
         weight_grads: differentiate every weight too, not the input alone.
     """
 

@@ -14,7 +14,7 @@ from mlx_lm.utils import save_config, save_model
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from nuvec_mlx import testing
+from nuvec_mlx_bench import testing
 
 #: The words of the tiny tokenizer; with its four special tokens, the vocabulary of the test models.
 WORDS = [f"w{i}" for i in range(60)]

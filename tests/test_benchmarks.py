@@ -1,7 +1,7 @@
 """The benchmark is one tool that measures what it says, and its smallest runs go end to end.
 
-Sections follow ``benchmarks/`` (installed as nuvec_mlx_bench): the layout, then ``core/``,
-``seed/`` (with the blocks of ``nuvec_mlx.testing`` it builds on), ``peak/``, ``sweep/``,
+Sections follow ``benchmarks/nuvec_mlx_bench/`` (a distribution of its own): the layout, then ``core/``,
+``seed/`` (with the blocks of ``nuvec_mlx_bench.testing`` it builds on), ``peak/``, ``sweep/``,
 ``plan/`` and the probes; ``train/`` is in tests/test_benchmarks_train.py, ``peers/`` in
 tests/test_peers.py.
 """
@@ -24,8 +24,8 @@ import tomllib
 from mlx.utils import tree_flatten
 
 import nuvec_mlx as nv
-from nuvec_mlx import testing
 from nuvec_mlx.memory import MiB
+from nuvec_mlx_bench import testing
 from nuvec_mlx_bench.core import environment, mlx_measure, options, rounds, throttle
 from nuvec_mlx_bench.peak import command as peak
 from nuvec_mlx_bench.peak import depth, report, targets
@@ -76,23 +76,24 @@ def pyproject() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
-def test_every_benchmark_subpackage_is_installed():
-    """setuptools installs the renamed package's subpackages only where pyproject names them."""
-    folders = {
-        "nuvec_mlx_bench" + "".join(f".{p}" for p in init.parent.relative_to(BENCH).parts)
-        for init in BENCH.rglob("__init__.py")
-        if "results" not in init.parts
-    }
-    listed = {p for p in pyproject()["tool"]["setuptools"]["packages"] if p.startswith("nuvec_mlx_bench")}
-    assert folders == listed
-    assert not (BENCH / "probes" / "__init__.py").exists()  # scripts, not part of the package
+def bench_pyproject() -> dict:
+    return tomllib.loads((BENCH / "pyproject.toml").read_text())
+
+
+def test_the_library_and_the_benchmark_are_two_distributions():
+    """The library's wheel carries nuvec_mlx alone and none of the benchmark's commands; the benchmark's
+    distribution carries its package (the probes are scripts, not part of it)."""
+    assert pyproject()["tool"]["setuptools"]["packages"]["find"]["include"] == ["nuvec_mlx*"]
+    assert not any(name.startswith("nuvec-mlx-bench") for name in pyproject()["project"]["scripts"])
+    assert bench_pyproject()["tool"]["setuptools"]["packages"]["find"]["include"] == ["nuvec_mlx_bench*"]
+    assert not (BENCH / "probes" / "__init__.py").exists()
 
 
 @pytest.mark.parametrize(
     "name", ["nuvec-mlx-bench", "nuvec-mlx-bench-sweep", "nuvec-mlx-bench-plan", "nuvec-mlx-bench-train"]
 )
 def test_each_installed_command_is_its_sub_packages_main(name):
-    target = pyproject()["project"]["scripts"][name]
+    target = bench_pyproject()["project"]["scripts"][name]
     module, function = target.split(":")
     assert module == f"nuvec_mlx_bench.{ {'nuvec-mlx-bench': 'peak'}.get(name, name.rsplit('-', 1)[-1]) }.command"
     main = getattr(__import__(module, fromlist=[function]), function)
@@ -121,16 +122,17 @@ def test_the_package_imports_itself_relatively():
 
 def test_no_two_modules_of_a_sub_package_share_a_stem_up_to_plurals():
     """workload.py beside workloads.py was one of the near-homonyms the layout removed."""
-    for folder in [BENCH, *(p for p in BENCH.iterdir() if p.is_dir())]:
+    package = BENCH / "nuvec_mlx_bench"
+    for folder in [package, *(p for p in package.iterdir() if p.is_dir())]:
         stems = [p.stem.rstrip("s") for p in folder.glob("*.py")]
         assert len(stems) == len(set(stems)), folder
 
 
-# --- nuvec_mlx.testing's blocks and seed/workload.py -------------------------------------
+# --- nuvec_mlx_bench.testing's blocks and seed/workload.py -------------------------------------
 
 
 def test_the_benchmarks_host_values_are_testings_up_to_the_last_bit_of_the_sine():
-    """The peers need NumPy values; nuvec_mlx.testing computes the same formula with MLX."""
+    """The peers need NumPy values; nuvec_mlx_bench.testing computes the same formula with MLX."""
     w = Workload("transformer", batch=2, dim=16, blocks=2, seq=8)
     weights, x = host_inputs(w)
     ours = [w_ for i in range(w.blocks) for w_ in testing.block_weights("transformer", 16, i)]
@@ -979,7 +981,6 @@ def test_every_probe_is_one_this_file_runs():
     assert {p.stem for p in (BENCH / "probes").glob("*.py")} == {
         "head_time",
         "host_time",
-        "step_variants",
         "strategy_runs",
         "train_timeline",
     }
@@ -1000,221 +1001,6 @@ def test_the_head_time_probe_times_the_head_four_ways_with_the_same_gradient(cap
     assert set(got) == {"whole", "recomputed 128", "nuvec 128", "unstaged 128"}
     assert all(r["seconds"] > 0 and r["difference"] < 1e-2 for r in got.values())
     assert "chunks of 128 tokens" in capsys.readouterr().out  # 4096 / (8 x 128): 4 chunks of the 512 tokens
-
-
-#: step_variants.py on a one-block Llama of hidden 32: each variant in seconds.
-TINY_STEP = ["--config", "llama", "--hidden", "32", "--layers", "1", "--vocab", "256", "--seq", "16", "--repeats", "1"]
-
-
-@pytest.mark.slow
-def test_the_step_variants_probe_measures_each_variant_against_mlx_lm_s_step(capsys):
-    got = load_probe("step_variants").main(TINY_STEP)
-    assert set(got) == {
-        "none",
-        "mlx-lm",
-        "nuvec",
-        "nuvec-unchunked",
-        "nuvec-head-recomputed",
-        "nuvec-updates-folded",
-        "nuvec-ahead2",
-        "nuvec-recomputed-ahead2",
-        "nuvec-head-chunks",
-        "nuvec-attention-chunks",
-        "nuvec-mlp-chunks",
-        "nuvec-mlp-chunks-ahead2",
-        "nuvec-light-chunk",
-        "nuvec-light-forward",
-        "nuvec-light-forward-update",
-        "nuvec-light-forward-update-chunk",
-        "nuvec-head16",
-        "nuvec-head32",
-        "nuvec-light-forward-update-head16",
-        "nuvec-ahead2-head4",
-        "nuvec-capped",
-        "nuvec-ahead2-capped",
-        "nuvec-ahead4-capped",
-        "nuvec-light-capped",
-        "nuvec-measured",
-        "nuvec-measured-floor",
-        "nuvec-measured-forward",
-    }
-    assert all(r["time"]["median"] > 0 and r["peak"]["median"] > 0 for r in got.values())
-    assert "| nuvec-updates-folded |" in capsys.readouterr().out
-
-
-@pytest.mark.slow
-def test_the_step_variants_probe_s_mlp_variants_chunk_each_mlp_as_mlp_chunk_says(monkeypatch):
-    import nuvec_mlx.nn as nv_nn
-
-    probe, sizes = load_probe("step_variants"), []
-    in_chunks = nv_nn._in_chunks
-
-    def spy(call, chunk, args, kwargs):
-        sizes.append(chunk)
-        return in_chunks(call, chunk, args, kwargs)
-
-    monkeypatch.setattr(nv_nn, "_in_chunks", spy)
-    probe.main([*TINY_STEP, "--variants", "nuvec-mlp-chunks", "--mlp-chunk", "8"])
-    assert sizes and set(sizes) == {8}
-    assert probe.VARIANTS["nuvec-mlp-chunks"].strategy == "nuvec-mlp-chunks"  # the benchmark's strategy, resized
-
-
-@pytest.mark.slow
-def test_the_step_variants_probe_s_ahead_is_that_of_the_variants_that_set_none(monkeypatch):
-    from nuvec_mlx import evaluate
-
-    probe, seen, staged = load_probe("step_variants"), [], evaluate.staged
-
-    def spy(stages, arrays, **settings):
-        seen.append(settings["ahead"])
-        return staged(stages, arrays, **settings)
-
-    monkeypatch.setattr(evaluate, "staged", spy)
-    probe.main([*TINY_STEP, "--variants", "nuvec,nuvec-ahead2", "--ahead", "1"])
-    assert set(seen) == {1, 2}
-
-
-@pytest.mark.slow
-def test_the_step_variants_probe_s_dispatch_only_times_calls_of_each_step_none_evaluated(monkeypatch, capsys):
-    from nuvec_mlx import evaluate
-    from nuvec_mlx_bench.train import cases
-
-    probe, evaluated, staged = load_probe("step_variants"), [], evaluate.staged
-    monkeypatch.setattr(cases.Case, "evaluate", lambda self, outputs: evaluated.append(outputs))
-    monkeypatch.setattr(evaluate, "staged", lambda *args, **kwargs: evaluated.append(args) or staged(*args, **kwargs))
-    got = probe.main([*TINY_STEP, "--variants", "mlx-lm,nuvec,nuvec-unchunked", "--dispatch-only", "3"])
-    assert not evaluated  # mlx-lm's step is dispatched only; nuvec's staged evaluation was replaced
-    assert [got[v]["stages"] for v in ("mlx-lm", "nuvec-unchunked")] == [None, 3]  # 1 block: forward, backward, update
-    assert got["nuvec"]["stages"] > got["nuvec-unchunked"]["stages"]  # and the head's chunks
-    for d in got.values():
-        assert len(d["wall"]["repeats"]) == len(d["cpu"]["repeats"]) == 3 and d["wall"]["median"] > 0 < d["first"]
-    assert "| nuvec-unchunked | 3 |" in capsys.readouterr().out
-
-
-@pytest.mark.slow
-def test_the_step_variants_probe_s_head_and_attention_variants_chunk_one_of_the_two(monkeypatch):
-    from nuvec_mlx_bench.train import cases
-
-    probe, built = load_probe("step_variants"), []
-
-    def spy(workload, strategy):
-        built.append(cases.NUVEC_STEPS[strategy])
-        return cases.Case(workload, strategy)
-
-    monkeypatch.setattr(probe, "Case", spy)
-    probe.main([*TINY_STEP, "--variants", "nuvec-head-chunks,nuvec-attention-chunks,nuvec"])
-    head, attention, nuvec = built
-    assert (head.attention_chunk, head.loss) == (None, nuvec.loss) and nuvec.attention_chunk == "auto"
-    assert attention.attention_chunk == "auto" and attention.loss is probe.default_loss is not nuvec.loss
-    assert cases.NUVEC_STEPS["nuvec"] == nuvec  # put back
-
-
-@pytest.mark.slow
-def test_the_step_variants_probe_s_capped_variants_throttle_at_a_default_step_s_peak(monkeypatch):
-    from nuvec_mlx import evaluate
-
-    probe, seen, staged = load_probe("step_variants"), [], evaluate.staged
-
-    def spy(stages, arrays, **settings):
-        seen.append((settings["ahead"], settings["throttle"]))
-        return staged(stages, arrays, **settings)
-
-    monkeypatch.setattr(evaluate, "staged", spy)
-    probe.main([*TINY_STEP, "--variants", "nuvec-ahead2-capped"])
-    (_, traced), defaults, *capped = seen  # its trace, the step that measures, then the measured ones
-    assert traced is None and defaults == (None, None)
-    assert {ahead for ahead, _ in capped} == {2}
-    throttles = {throttle for _, throttle in capped}
-    assert len(throttles) == 1 and 0 < throttles.pop() < 64 << 20  # the tiny step's peak, bytes
-
-
-def test_queue_depths_queue_past_each_stage_what_fits_the_most_one_stage_ahead_holds():
-    """Stages adding 10, 100, then four of 10, 100, 10 MiB on nothing held: one ahead holds at most 110 MiB (a
-    large stage and a small one), so the small ones queue further where no large one follows soon."""
-    probe = load_probe("step_variants")
-    adds = [10, 100, 10, 10, 10, 10, 100, 10]
-    readings = [nv.memory.StageReading(0, i, "forward", None, 0.0, 0, a << 20) for i, a in enumerate(adds)]
-    assert probe.queue_depths(0, readings) == [1, 1, 3, 2, 1, 1, 1, 0]
-    assert probe.queue_depths(0, readings, ahead=2) == [2, 2, 3, 2, 2, 2, 1, 0]  # a budget of 120 MiB
-    assert probe.queue_depths(0, readings, most=2) == [1, 1, 2, 2, 1, 1, 1, 0]
-    pair = [
-        nv.memory.StageReading(0, i, "backward", None, 0.0, 0, a << 20)
-        for i, a in enumerate([30] * 4 + [100] * 2 + [30])
-    ]
-    assert probe.queue_depths(0, pair) == [3, 3, 2, 1, 1, 1, 0]  # within the two large ones together, 200 MiB
-    assert probe.queue_depths(0, pair, within=0) == [2, 2, 1, 1, 1, 1, 0]  # within one, 100 MiB; never below 1
-    kept = [
-        nv.memory.StageReading(0, i, "forward", None, 0.0, (i + 1) * 30 << 20, (i * 30 + a) << 20)
-        for i, a in enumerate(adds)
-    ]
-    # Each stage keeps 30 MiB, so the step peaks at its end, and every stage before may queue the rest.
-    assert probe.queue_depths(0, kept) == [7, 6, 5, 4, 3, 2, 1, 0]
-
-
-def test_into_queues_further_than_ahead_only_into_the_kinds_it_is_given():
-    into = load_probe("step_variants").into
-    kinds = ["forward", "forward", "chunk", "backward", "update", "backward", "outputs"]
-    assert into([4, 4, 4, 3, 2, 1, 0], kinds, {"forward", "chunk"}) == [2, 1, 1, 1, 1, 1, 0]
-    assert into([4, 4, 4, 3, 2, 1, 0], kinds, {"forward", "chunk"}, ahead=2) == [2, 2, 2, 2, 2, 1, 0]
-    assert into([0, 3, 1, 0, 0, 0, 0], kinds, set()) == [0, 1, 1, 0, 0, 0, 0]  # never more than it was given
-
-
-def test_per_stage_queues_past_each_stage_its_own_depth():
-    probe = load_probe("step_variants")
-    from nuvec_mlx import evaluate
-
-    with probe.per_stage([2, 0, 5])():
-        assert evaluate._may_queue(0, ["forward", "forward"], 1) and not evaluate._may_queue(0, ["a", "b", "c"], 1)
-        assert evaluate._may_queue(1, [], 1) and not evaluate._may_queue(1, ["backward"], 1)
-    assert not evaluate._may_queue(0, ["forward", "forward"], 1)  # nuvec's own rule again
-
-
-def test_light_kinds_queue_one_further_ahead_than_the_rest():
-    probe = load_probe("step_variants")
-    from nuvec_mlx import evaluate
-
-    with probe.light("forward")():
-        assert evaluate._may_queue(0, ["forward", "forward"], 1) and evaluate._may_queue(0, ["forward", "backward"], 1)
-        assert not evaluate._may_queue(0, ["backward", "backward"], 1)
-        assert not evaluate._may_queue(0, ["forward"] * 3, 1) and evaluate._may_queue(0, ["forward"] * 4, 2)
-    assert not evaluate._may_queue(0, ["forward", "forward"], 1)  # nuvec's own rule again
-
-
-@pytest.mark.slow
-def test_the_step_variants_probe_s_measured_variant_queues_as_its_step_s_timeline_allows(monkeypatch, capsys):
-    probe, seen = load_probe("step_variants"), []
-    per_stage = probe.per_stage
-
-    def spy(depths):
-        seen.append(list(depths))
-        return per_stage(depths)
-
-    monkeypatch.setattr(probe, "per_stage", spy)
-    probe.main([*TINY_STEP, "--variants", "nuvec-measured"])
-    ((*stages, outputs),) = seen  # one depth per stage and one for the outputs, measured once
-    assert stages and all(d >= 1 for d in stages) and outputs == 0
-    assert f"stages: {[*stages, outputs]}" in capsys.readouterr().out
-
-
-def test_the_step_variants_probe_s_head_recomputed_variant_recomputes_each_chunk():
-    probe, calls = load_probe("step_variants"), []
-
-    def part(h):
-        calls.append(h.shape[1])
-        return (h**2).sum()
-
-    def chunks_run():
-        calls.clear()
-        nv.eval(
-            nv.value_and_grad_flat(lambda xs: nv.checkpoint_chunks(part, size=2, out_axes="sum")(xs[0]), 0)(
-                [mx.ones((1, 8, 2))]
-            )
-        )
-        return len(calls)
-
-    assert chunks_run() == 4 + 1  # each chunk once with its gradient, chunk 0 once more unevaluated
-    with probe.head_recomputed():
-        assert chunks_run() == 2 * 4  # each chunk in the forward pass and again in the backward pass
 
 
 @pytest.mark.slow

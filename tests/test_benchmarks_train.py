@@ -1,6 +1,6 @@
-"""The fine-tuning benchmark (nuvec-mlx-bench-train) and the mlx-lm models of nuvec_mlx.testing it trains.
+"""The fine-tuning benchmark (nuvec-mlx-bench-train) and the mlx-lm models of nuvec_mlx_bench.testing it trains.
 
-Sections: ``nuvec_mlx.testing``'s mlx-lm models (architectures at a size, public configurations),
+Sections: ``nuvec_mlx_bench.testing``'s mlx-lm models (architectures at a size, public configurations),
 then ``benchmarks/train/`` (installed as nuvec_mlx_bench.train): its lengths, cases, report and command.
 """
 
@@ -18,8 +18,8 @@ from mlx_lm.tuner.trainer import default_loss
 
 import nuvec_mlx as nv
 from nuvec_mlx import mlx_lm as nv_mlx_lm
-from nuvec_mlx import testing
 from nuvec_mlx.memory import MiB
+from nuvec_mlx_bench import testing
 from nuvec_mlx_bench.core import options
 from nuvec_mlx_bench.train import cases, command, lengths, long, long_report, report, trainers
 from nuvec_mlx_bench.train.cases import NUVEC_STEPS, STRATEGIES, Case, TrainWorkload
@@ -53,7 +53,7 @@ FIELDS = (
 )
 
 
-# --- nuvec_mlx.testing: architectures at a size ------------------------------------------
+# --- nuvec_mlx_bench.testing: architectures at a size ------------------------------------------
 
 
 @pytest.mark.parametrize("arch", testing.ARCHITECTURES)
@@ -121,7 +121,7 @@ def test_config_names_what_it_cannot_build(args, error, message):
         testing.mlx_lm_config(*args)
 
 
-# --- nuvec_mlx.testing: public configurations --------------------------------------------
+# --- nuvec_mlx_bench.testing: public configurations --------------------------------------------
 
 
 def test_the_public_configurations_are_as_published():

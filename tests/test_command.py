@@ -108,10 +108,25 @@ def test_when_the_batch_does_not_fit_it_says_the_largest_batch_that_does(fitting
     assert f"--grad-accumulation-steps {math.ceil(8 / found['size'])} keeps 8 rows per update" in printed
 
 
+def test_the_summary_and_the_json_say_the_same_smallest_budget_and_the_banner_what_the_planner_runs(fitting):
+    """``smallest`` is the least budget any plan fits by ``fits``'s own test, and the summary says it; the
+    banner shows the batch the planner runs, not mlx-lm's training rows (``iters 1,000``)."""
+    _, printed, result, _ = fitting
+    found = result["plan"]
+    assert found["fits"] and found["smallest"] <= found["budget"], found
+    assert max(found["predicted"], found["measured"] + found["spread"]) <= found["budget"], found
+    head = printed.split("Trainable parameters:", 1)[1].splitlines()[1]
+    assert head.endswith(f"plans fit from {found['smallest'] / 1e6:.1f} MB"), head
+    banner = printed[printed.index("╭") : printed.index("╯")]
+    assert "iters" not in banner and "1,000" not in banner and re.search(r"│\s+batch\s+8\s", banner), banner
+
+
 def test_when_nothing_fits_it_says_what_the_step_starts_with(folder, data, capsys):
     status, printed = plan(capsys, "--model", folder, "--data", data, "--batch-size", 2, "--budget", "1KiB")
     assert status == 1 and printed.startswith("DOES NOT FIT 1.0 kB: the least any plan reaches is ")
-    assert "nothing fits 1.0 kB: the step starts at " in printed
+    said = next(line for line in printed.splitlines() if "nothing fits 1.0 kB: the step starts at " in line)
+    # A LoRA run of an unquantized model, all 4 layers fine-tuned: LoRA is not a suggestion.
+    assert said.endswith("; try fewer layers than --num-layers 4, a quantized model (QLoRA)"), said
 
 
 def test_without_data_it_plans_random_tokens_and_details_show_each_block(folder, tmp_path, capsys):
@@ -198,7 +213,51 @@ def test_the_installed_command_runs(folder):
     assert "fits 67.1 MB" in ANSI.sub("", done.stdout)
 
 
-def test_the_deprecated_no_report_flag_still_parses_and_warns(folder, capsys):
-    with pytest.warns(FutureWarning, match="--no-report"), pytest.raises(SystemExit):
-        command.main(["--model", str(folder), "--no-report", "--budget", "lots"])
-    assert "--budget: a size is a number and a unit" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ({"attention_chunk": "lots"}, "attention_chunk in {config}: expected auto or an int >= 0, got 'lots'"),
+        ({"stages_ahead": -1}, "stages_ahead in {config}: expected an int >= 0, got -1"),
+        ({"largest": "all"}, "largest in {config}: expected one of seq, batch, got 'all'"),
+        ({"data": "{tmp}/x"}, "--data {tmp}/x: no such folder"),
+        ({"data": "{tmp}/empty"}, "--data {tmp}/empty: train.jsonl is empty"),
+        ({"model": "{tmp}/m"}, "--model {tmp}/m: no such folder"),
+    ],
+)
+def test_a_bad_config_value_data_or_model_is_a_usage_error_before_loading(
+    folder, tmp_path, setting, message, unloaded, capsys
+):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "train.jsonl").write_text("")
+    config = tmp_path / "config.yaml"
+    config.write_text(json.dumps({k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in setting.items()}))
+    with pytest.raises(SystemExit) as info:
+        command.main([*([] if "model" in setting else ["--model", str(folder)]), "--budget", "1GB", "-c", str(config)])
+    expected = message.format(config=config, tmp=tmp_path)
+    assert info.value.code == 2 and f"nuvec-mlx-plan: error: {expected}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("verify", [0, 1])
+def test_longest_answers_the_length_that_fits_from_short_steps(folder, tmp_path, capsys, verify):
+    """--longest measures a quarter, half and all of --max-seq-length, extrapolates to the budget, and with
+    --verify measures at the answer: the answer fits where it was measured, and is beyond what was run."""
+    argv = ["--model", folder, "--batch-size", "1", "--max-seq-length", "256", "--budget", "40MB"]
+    status, printed = plan(capsys, *argv, "--longest", "--verify", verify, "--json", tmp_path / "o.json")
+    found = json.loads((tmp_path / "o.json").read_text())["longest"]
+    assert status == 0 and [size for size, _ in found["peaks"][:3]] == [64, 128, 256]
+    assert found["tokens"] > 256 and found["tokens"] % 8 == 0 and found["verified"] == bool(verify)
+    assert f"longest sequence that fits 40.0 MB at batch 1: {found['tokens']} tokens" in printed
+    if verify:
+        peaks = dict(map(tuple, found["peaks"]))
+        assert peaks[found["tokens"]] <= 40e6 and len(found["peaks"]) == 4
+        assert "measured there" in printed
+    else:
+        assert len(found["peaks"]) == 3 and "not run at that length" in printed
+
+
+def test_a_plan_to_save_is_measured_with_the_chunks_nuvec_mlx_lora_trains_with(folder, tmp_path, unloaded, capsys):
+    """nuvec-mlx-lora --plan trains with every chunk auto: --save with a chunk flag is refused before loading."""
+    with pytest.raises(SystemExit) as info:
+        command.main(["--model", str(folder), "--budget", "1GB", "--mlp-chunk", "64", "--save", str(tmp_path / "p")])
+    assert info.value.code == 2
+    assert "--save with --mlp-chunk: nuvec-mlx-lora --plan trains with every chunk auto" in capsys.readouterr().err

@@ -274,21 +274,6 @@ def test_eval_ahead_queues_that_many_stages_past_the_one_it_waits_for(monkeypatc
             assert queued == (list(range(min(work, i + 1 + ahead))) if ahead else []), (i, queued)
 
 
-@pytest.mark.parametrize("ahead", [0, 1])
-def test_the_queue_rule_is_asked_with_the_kinds_of_the_stages_it_would_queue(monkeypatch, compiled, ahead):
-    """nv.eval asks evaluate._may_queue (the seam a probe replaces) with the kinds of the stages past the one
-    waited for: a rule that lets forward passes queue one further shows it (never at ahead 0)."""
-    sc = checkpointed_step(blocks=3)  # stages f1 f2 f3 b3 b2 b1, then the outputs
-    further = lambda waited, beyond, ahead: len(beyond) <= 2 * ahead and sum(k != "forward" for k in beyond) <= ahead  # noqa: E731
-    monkeypatch.setattr(evaluate, "_may_queue", further)
-    events, _, _ = queued_and_waited(monkeypatch, sc, ahead)
-    last_queued = []  # for each wait, the last stage queued before it
-    for n, (op, _) in enumerate(events):
-        if op == "wait":
-            last_queued.append(max((j for o, j in events[:n] if o == "queue"), default=None))
-    assert last_queued == ([2, 3, 3, 4, 5, 6, 6] if ahead else [None] * 7)
-
-
 def test_eval_queues_the_devices_default_stages_ahead_unless_told(monkeypatch, compiled):
     """ahead=None is nv.default_ahead(): 1 on a GPU, 0 on the CPU (a loop of your own gets the trainer's)."""
     assert (nv.default_ahead(mx.gpu), nv.default_ahead(mx.cpu)) == (1, 0)

@@ -8,9 +8,9 @@ import mlx.optimizers as optim
 import pytest
 
 import nuvec_mlx as nv
-from nuvec_mlx import testing
 from nuvec_mlx.memory import MiB
 from nuvec_mlx.planner.fit import solve
+from nuvec_mlx_bench import testing
 from tests.helpers import held_while_unobserved, tiny_llama
 
 

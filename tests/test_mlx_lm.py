@@ -31,9 +31,10 @@ from mlx_lm.tuner.utils import linear_to_lora_layers
 from mlx_lm.utils import load
 
 import nuvec_mlx as nv
-from nuvec_mlx import evaluate, testing
+from nuvec_mlx import evaluate
 from nuvec_mlx import mlx_lm as nvlm
 from nuvec_mlx.mlx_lm import _report as _train_report
+from nuvec_mlx_bench import testing
 from tests.helpers import assert_close, rise
 from tests.mlx_lm_folders import data_folder, model_folder
 

@@ -18,7 +18,14 @@ PACKAGE = Path(nv.__file__).parent
 MODULES = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
 #: The public modules, and those of them whose ``__all__`` lists public names.
 MODULE_FACES = ("nuvec_mlx.memory", "nuvec_mlx.policies", "nuvec_mlx.losses", "nuvec_mlx.chunking")
-FACES = ("nuvec_mlx", "nuvec_mlx.planner", "nuvec_mlx.mlx_lm", "nuvec_mlx.memory", "nuvec_mlx.policies", "nuvec_mlx.chunking")
+FACES = (
+    "nuvec_mlx",
+    "nuvec_mlx.planner",
+    "nuvec_mlx.mlx_lm",
+    "nuvec_mlx.memory",
+    "nuvec_mlx.policies",
+    "nuvec_mlx.chunking",
+)
 PUBLIC = [(face, name) for face in FACES for name in importlib.import_module(face).__all__]
 
 

@@ -8,7 +8,8 @@ import pytest
 from mlx.utils import tree_flatten
 
 import nuvec_mlx as nv
-from nuvec_mlx import policies, testing
+from nuvec_mlx import policies
+from nuvec_mlx_bench import testing
 from tests.helpers import assert_close, unstaged_on_purpose
 
 MATMULS = ("Matmul", "AddMM", "QuantizedMatmul")

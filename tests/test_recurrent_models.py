@@ -19,8 +19,8 @@ from mlx_lm.tuner.trainer import train as mlx_lm_train
 from mlx_lm.tuner.utils import linear_to_lora_layers
 
 import nuvec_mlx as nv
-from nuvec_mlx import testing
 from nuvec_mlx.mlx_lm import checkpointed_blocks, chunked_loss, train
+from nuvec_mlx_bench import testing
 from tests.helpers import assert_close
 
 CONFIGS = {
@@ -125,14 +125,20 @@ def lora_model(arch: str) -> nn.Module:
     model.freeze()
     linear_to_lora_layers(model, len(model.layers), {"rank": 4, "scale": 10.0, "dropout": 0.0})
     keys = iter(mx.random.split(mx.random.key(1), 1000))
-    drawn = [
-        (name, 0.02 * mx.random.normal(p.shape, key=next(keys)) if name.endswith("lora_b") else p)
-        for name, p in tree_flatten(model.trainable_parameters())
-    ]
+    drawn = [(name, _adapter(name, p, next(keys))) for name, p in tree_flatten(model.trainable_parameters())]
     model.update(tree_unflatten(drawn))
     mx.eval(model.parameters())
     model.train()
     return model
+
+
+def _adapter(name: str, p: mx.array, key: mx.array) -> mx.array:
+    """A LoRA matrix drawn from ``key``, so that no test depends on the random state the tests before it left:
+    ``a`` as mlx-lm draws it (uniform within 1 / sqrt(its input size)), ``b`` small and nonzero."""
+    if name.endswith("lora_a"):
+        bound = p.shape[0] ** -0.5
+        return mx.random.uniform(-bound, bound, p.shape, key=key)
+    return 0.02 * mx.random.normal(p.shape, key=key) if name.endswith("lora_b") else p
 
 
 def batch(length: int, seed: int = 2):

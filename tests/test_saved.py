@@ -7,8 +7,8 @@ import mlx.nn as nn
 import pytest
 
 import nuvec_mlx as nv
-from nuvec_mlx import testing
 from nuvec_mlx.planner.saved import residuals
+from nuvec_mlx_bench import testing
 
 KiB = 1 << 10
 

@@ -1,7 +1,7 @@
 """Probe: the host's time per layer to call and evaluate a fine-tuning step, nuvec's against the same step
 under ``mx.compile`` and against mlx-lm's checkpointed step.
 
-Random-weight mlx-lm Qwen3 models of a tiny width (``nuvec_mlx.testing.mlx_lm_config("qwen3", 64, layers,
+Random-weight mlx-lm Qwen3 models of a tiny width (``nuvec_mlx_bench.testing.mlx_lm_config("qwen3", 64, layers,
 vocab=256)``: the device's work is small, the host's is what is left), LoRA on every block's linear
 layers, Adam, one batch of ``--batch`` x ``--seq`` tokens, at several depths (16, 28, 48 layers). The steps:
 
@@ -51,7 +51,7 @@ from mlx_lm.tuner.trainer import default_loss
 from mlx_lm.tuner.utils import linear_to_lora_layers
 
 import nuvec_mlx as nv
-from nuvec_mlx import testing
+from nuvec_mlx_bench import testing
 from nuvec_mlx_bench.core import environment
 from nuvec_mlx_bench.core.figures import spread
 from nuvec_mlx_bench.core.rounds import summary

@@ -18,7 +18,7 @@ import argparse
 import mlx.core as mx
 
 import nuvec_mlx as nv
-from nuvec_mlx import testing
+from nuvec_mlx_bench import testing
 from nuvec_mlx_bench.core import environment
 from nuvec_mlx_bench.train.cases import MODES, STRATEGIES, Case, TrainWorkload, add_size_arguments
 

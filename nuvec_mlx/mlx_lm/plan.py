@@ -37,11 +37,13 @@ from pathlib import Path
 from typing import Any, cast
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from .. import _validate, policies
+from ..chunking import chunk_layers
 from ..planner import Fit, Plan, largest_fit, plan, saved_activations
 from ..step import TrainingStep
-from . import lora
+from . import lora, recurrences
 from ._report import peak_text
 from .losses import loss_for
 
@@ -59,6 +61,8 @@ POLICIES = {
     "save_matmuls": policies.save_matmuls,
     "save_nothing": policies.save_nothing,
 }
+#: mlx-lm's banner rows that only a training run reads (the planner runs no iterations: its batch is its own row).
+TRAINING_ROWS = ("batch · iters",)
 DESCRIPTION = (
     "nuvec's planner for nuvec-mlx-lora: takes nuvec-mlx-lora's command line (mlx_lm.lora's arguments and "
     "config files) and a --budget, measures the step it trains with --grad-checkpoint on a batch of your "
@@ -91,44 +95,70 @@ def parse_bytes(text: str) -> int:
     return nbytes
 
 
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--budget", help="nuvec: the peak MLX memory the step may reach, e.g. 12GB or 11GiB (config key budget)"
-    )
-    parser.add_argument("--save", help="nuvec: write the plan here, for nuvec-mlx-lora --plan")
-    parser.add_argument(
-        "--details", action="store_true", help="nuvec: also print every block's row and the saved-activations report"
-    )
-    parser.add_argument(
-        "--largest",
-        choices=("seq", "batch"),
-        help="nuvec: also find the largest sequence length or batch that fits (done by itself when nothing fits)",
-    )
-    parser.add_argument(
-        "--policies",
-        default="save_everything,save_matmuls,save_nothing",
-        help=f"nuvec: the checkpoint policies the plan may use, comma-separated from {', '.join(POLICIES)}",
-    )
-    parser.add_argument("--no-compile", action="store_true", help="nuvec: plan an uncompiled step")
-    parser.add_argument(
-        "--synchronize",
-        action="store_true",
-        help="nuvec: verify the plan as evaluated with nv.eval(..., synchronize=True) (CUDA: a steadier peak)",
-    )
-    parser.add_argument("--json", help="nuvec: also write the plan, settings and answers to this file")
-    parser.add_argument("--no-report", action="store_true", help=argparse.SUPPRESS)  # deprecated: --details
+def _add_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """nuvec-mlx-plan's flags, added to mlx_lm.lora's parser; the actions added (:func:`lora.run_mlx_lm_lora`
+    checks their values from a config file as theirs from the command line)."""
+    return [
+        *lora.step_arguments(parser),
+        parser.add_argument(
+            "--budget", help="nuvec: the peak MLX memory the step may reach, e.g. 12GB or 11GiB (config key budget)"
+        ),
+        parser.add_argument("--save", help="nuvec: write the plan here, for nuvec-mlx-lora --plan"),
+        parser.add_argument(
+            "--details",
+            action="store_true",
+            help="nuvec: also print every block's row and the saved-activations report",
+        ),
+        parser.add_argument(
+            "--largest",
+            choices=("seq", "batch"),
+            help="nuvec: also find the largest sequence length or batch that fits (done by itself when nothing fits)",
+        ),
+        parser.add_argument(
+            "--longest",
+            action="store_true",
+            help="nuvec: instead of a plan, the longest sequence at --batch-size whose step fits --budget, every "
+            "block checkpointed: measured at a quarter, half and all of --max-seq-length, extrapolated, and "
+            "measured at the answer (--verify)",
+        ),
+        parser.add_argument(
+            "--verify",
+            type=lora.nonnegative_int,
+            default=1,
+            help="nuvec, with --longest: measurements at or around the extrapolated length (default 1; 0 "
+            "answers with the extrapolation alone, without running the long step)",
+        ),
+        parser.add_argument(
+            "--policies",
+            default="save_everything,save_matmuls,save_nothing",
+            help=f"nuvec: the checkpoint policies the plan may use, comma-separated from {', '.join(POLICIES)}",
+        ),
+        parser.add_argument("--no-compile", action="store_true", help="nuvec: plan an uncompiled step"),
+        parser.add_argument(
+            "--synchronize",
+            action="store_true",
+            help="nuvec: verify the plan as evaluated with nv.eval(..., synchronize=True) (CUDA: a steadier peak)",
+        ),
+        parser.add_argument("--json", help="nuvec: also write the plan, settings and answers to this file"),
+    ]
 
 
 def _checked(args: Any) -> tuple[int, list[Any]]:
     """The budget and the policies of the command line, or a command-line error that says what is wrong."""
-    if args.no_report:
-        _validate.deprecated("nuvec-mlx-plan --no-report (the report is printed only with --details)", "no flag")
     if args.budget is None:
         lora.fail(PROG, "--budget is required: the peak MLX memory the step may reach, e.g. 12GB or 11GiB")
     try:
         budget = parse_bytes(str(args.budget))
     except ValueError as e:
         lora.fail(PROG, f"--budget: {e}")
+    given = [flag for flag in lora.CHUNK_FLAGS if getattr(args, flag) is not None]
+    if args.save is not None and given:
+        flags = ", ".join(f"--{flag.replace('_', '-')}" for flag in given)
+        lora.fail(
+            PROG,
+            f"--save with {flags}: nuvec-mlx-lora --plan trains with every chunk auto, so a saved plan is measured "
+            "that way; leave them out, or plan without --save to see their effect",
+        )
     chosen = args.policies.split(",")
     if any(c not in POLICIES for c in chosen):
         lora.fail(PROG, f"--policies: choose from {', '.join(POLICIES)}; got {args.policies!r}")
@@ -141,7 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     Example:
         >>> main(["--model", "./model", "--data", "./data", "--budget", "12GB", "--save", "plan.json"])
     """
-    return 0 if run(argv)["plan"]["fits"] else 1
+    found = run(argv)
+    if "longest" in found:
+        return 0 if found["longest"]["tokens"] else 1
+    return 0 if found["plan"]["fits"] else 1
 
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
@@ -162,6 +195,8 @@ def _run(args: Any) -> dict[str, Any]:
     from mlx_lm.utils import load
 
     planning = _Planning(args, *_checked(args))
+    args.train = True  # mlx-lm's dataset loading then asks for a training set
+    lora.check_sources(PROG, args)
     loaded = load(
         args.model,
         tokenizer_config={"trust_remote_code": args.trust_remote_code},
@@ -169,13 +204,12 @@ def _run(args: Any) -> dict[str, Any]:
     )
     model, tokenizer = loaded[0], cast(Any, loaded[1])
     planning.vocabulary = getattr(getattr(model, "args", None), "vocab_size", None) or tokenizer.vocab_size
-    args.train = True  # mlx-lm's dataset loading then asks for a training set
     train_set, valid_set = load_dataset(args, tokenizer)[:2] if args.data is not None else ([], [])
     with (
         tempfile.TemporaryDirectory() as adapters,  # train_model writes its adapter config: not where it trains
         lora.swapped(args, "adapter_path", adapters),
         lora.swapped(mlx_lm_lora, "train", planning),
-        lora.preparing(PROG, planning.rows),
+        lora.preparing(PROG, planning.rows, leave_out=TRAINING_ROWS),
     ):
         mlx_lm_lora.train_model(args, model, train_set, valid_set)
     if args.json:
@@ -192,18 +226,29 @@ class _Planning:
         self.result: dict[str, Any] = {"mlx": _validate.MLX_VERSION}
 
     def rows(self, args: Any) -> list[tuple[str, str]]:
-        """The banner's nuvec rows."""
+        """The banner's rows after mlx-lm's: the batch the planner measures, and nuvec's."""
         measured = "the longest sequences of --data" if args.data is not None else "random tokens (no --data)"
-        return [("budget", peak_text(self.budget)), ("measured on", measured)]
+        return [("batch", f"{args.batch_size}"), ("budget", peak_text(self.budget)), ("measured on", measured)]
 
     def __call__(self, *, model: Any, args: Any, optimizer: Any, train_dataset: Any, **_: Any) -> None:
         command = self.command
         batch = self._batch(args, train_dataset)
         rows, tokens = batch[0].shape
         source = "the longest sequences of the training set" if command.data is not None else "random tokens"
+        chunks = lora.chunks_of(command)
         step = TrainingStep(
-            model, loss_for("auto"), optimizer, compile=not command.no_compile, synchronize=command.synchronize
+            model,
+            loss_for(chunks.head),
+            optimizer,
+            ahead=command.stages_ahead,
+            compile=not command.no_compile,
+            synchronize=command.synchronize,
         )
+        # As nuvec-mlx-lora trains it (recurrences routed too); the plan checkpoints the blocks.
+        chunk_layers(model, chunks, routes=recurrences.routes(chunks.scan))
+        if command.longest:
+            print(self._longest(step, batch, source))
+            return
         found = plan(step, batch, self.budget, policies=self.chosen)
         lines = _summary(found, f"batch {rows} x {tokens} tokens: {source}")
         self.result.update(plan=found.to_dict(), batch={"rows": rows, "tokens": tokens, "source": source})
@@ -224,6 +269,30 @@ class _Planning:
             report = saved_activations(step, batch, policy=policies.save_matmuls)
             print("\nSaved activations per block (uncompiled graph; see nuvec_mlx.planner.saved):\n" + str(report))
             self.result["saved_activations"] = report.to_dict()
+
+    def _longest(self, step: TrainingStep, batch: tuple[mx.array, mx.array], source: str) -> str:
+        """The longest sequence at the batch's rows that fits, every block checkpointed: peaks measured at a
+        quarter, half and all of the batch's tokens, a parabola through them solved for the budget, then
+        ``--verify`` measurements that narrow it (:func:`nuvec_mlx.largest_fit`)."""
+        rows, tokens = batch[0].shape
+        sizes = sorted({max(8, tokens // 4 // 8 * 8), max(16, tokens // 2 // 8 * 8), max(24, tokens)})
+        make = functools.partial(_tokens_of, batch)
+        fit = largest_fit(step, make, self.budget, sizes=sizes, multiple=8, tolerance=0.05, tries=self.command.verify)
+        measured = ", ".join(f"{size}: {peak_text(peak)}" for size, peak in fit.peaks)
+        verified = fit.size > max(sizes)
+        answer = fit.size if verified or self.command.verify else fit.predicted
+        self.result["longest"] = {**dataclasses.asdict(fit), "tokens": answer, "verified": verified, "rows": rows}
+        if verified:
+            how = "measured there"
+        elif self.command.verify:
+            how = f"the longest measured to fit: {fit.below} was measured not to; a larger --verify narrows it"
+        else:
+            how = "extrapolated, not run at that length"
+        return (
+            f"longest sequence that fits {peak_text(self.budget)} at batch {rows}: {answer} tokens ({how}; "
+            f"first extrapolation {fit.predicted})\n  every block checkpointed, chunks as nuvec-mlx-lora's; "
+            f"peaks measured on {source} (tokens: peak): {measured}"
+        )
 
     def _search(self, step: TrainingStep, batch: tuple[mx.array, mx.array], dimension: str, fits: bool) -> str:
         """The largest batch or sequence that fits, as the flags to pass (``""`` if none does)."""
@@ -247,9 +316,10 @@ class _Planning:
                 answer = self._search(step, batch, dimension, fits=False)
                 if answer:
                     return answer
+        tries = _remedies(self.command, step.model)
         return (
             f"  nothing fits {peak_text(self.budget)}: the step starts at {peak_text(found.start)} (weights, "
-            "optimizer state, batch); try fewer layers, LoRA, or a quantized model (QLoRA)"
+            "optimizer state, batch)" + (f"; try {', '.join(tries)}" if tries else "")
         )
 
     def _batch(self, args: Any, dataset: Any) -> tuple[mx.array, mx.array]:
@@ -264,22 +334,25 @@ class _Planning:
 
         if len(dataset) < args.batch_size:
             lora.fail(PROG, f"--batch-size {args.batch_size} is more than the {len(dataset)} rows of the training set")
-        lengths = [len(dataset[i][0]) for i in range(len(dataset))]
+        lengths = lora.row_lengths(dataset)
         longest = sorted(range(len(dataset)), key=lengths.__getitem__)[-args.batch_size :]
         return next(iterate_batches([dataset[i] for i in longest], args.batch_size, args.max_seq_length))
 
 
 def _summary(found: Plan, batch: str) -> list[str]:
-    """The plan in a few lines: whether it fits, its peak, what it checkpoints."""
+    """The plan in a few lines: whether it fits, its peak, what it checkpoints; the smallest budget any plan
+    fits, by the same test as ``fits`` (its predicted peak, and its measured peak plus the spread between
+    repeats, within the budget)."""
+    figures = (
+        f"(predicted {peak_text(found.predicted)}; repeats varied by up to {peak_text(found.spread)}); "
+        f"plans fit from {peak_text(found.smallest)}"
+    )
     if found.fits:
-        head = (
-            f"fits {peak_text(found.budget)}: the step peaks at {peak_text(found.measured)}, measured "
-            f"(predicted {peak_text(found.predicted)})"
-        )
+        head = f"fits {peak_text(found.budget)}: the step peaks at {peak_text(found.measured)}, measured {figures}"
     else:
         head = (
             f"DOES NOT FIT {peak_text(found.budget)}: the least any plan reaches is "
-            f"{peak_text(found.measured)}, measured"
+            f"{peak_text(found.measured)}, measured {figures}"
         )
     return [
         head,
@@ -288,6 +361,19 @@ def _summary(found: Plan, batch: str) -> list[str]:
         f"  unchecked it peaks at {peak_text(found.unchecked)}; at its start {peak_text(found.start)} "
         "(weights, optimizer state, batch)",
     ]
+
+
+def _remedies(command: Any, model: Any) -> list[str]:
+    """What else may make a step fit, of what the run does not do already: fewer fine-tuned layers, LoRA
+    in place of full fine-tuning, a quantized model."""
+    tries = []
+    if command.num_layers == -1 or command.num_layers > 1:
+        tries.append(f"fewer layers than --num-layers {command.num_layers}")
+    if command.fine_tune_type == "full":
+        tries.append("LoRA (--fine-tune-type lora)")
+    if not any(isinstance(m, nn.QuantizedLinear) for _, m in model.named_modules()):
+        tries.append("a quantized model (QLoRA)")
+    return tries
 
 
 def _modes(modes: list[str]) -> str:

@@ -1,13 +1,17 @@
-"""mlx-lm's trainer with nuvec's checkpoints: :func:`train`, and the ``nuvec-mlx-lora`` command (:func:`main`).
+"""mlx-lm's trainer with nuvec's checkpoints: :func:`train` (what ``nuvec-mlx-lora --grad-checkpoint`` runs).
 
 :func:`train` is mlx-lm's training loop (mlx-lm 0.32: the same batches,
-validation, reports, callbacks and adapter files) with three changes:
+validation, reports, callbacks and adapter files) with four changes:
 
 - ``grad_checkpoint`` puts nuvec's checkpoint on every block of
   ``model.layers``, each instance whatever its class, for the run (mlx-lm
   replaces ``type(model.layers[0]).__call__`` with :func:`mlx.core.checkpoint`:
   one class, so hybrid models keep their other blocks unchecked; and its
   recomputation draws new dropout masks);
+- with it, the loss head, attention (where the backend trains it unfused),
+  each block's MLP and the recurrences of hybrid models run in chunks of the
+  sequence, sized by the rules of :mod:`nuvec_mlx.chunking` unless ``chunks``
+  says otherwise, and ``segment`` keeps only every segment's input;
 - the step is a :class:`nuvec_mlx.TrainingStep`: compiled, each block's
   optimizer update right after its backward pass, evaluated one checkpointed
   block at a time;
@@ -136,7 +140,7 @@ def train(
         model, optimizer, train_dataset, val_dataset, args, loss,
         iterate_batches, training_callback: as for ``mlx_lm.tuner.trainer.train``.
         ahead: stages queued past the one waited for (:func:`nuvec_mlx.eval`'s
-            ``ahead``): 0 for the lowest peak; ``None`` for :func:`default_ahead`.
+            ``ahead``): 0 for the lowest peak; ``None`` for :func:`nuvec_mlx.default_ahead`.
         chunks: with ``grad_checkpoint``, the chunks along the sequence
             (:class:`nuvec_mlx.Chunks`: the loss head's, with mlx-lm's default
             loss; attention's, the MLP's and the recurrences' inside the blocks);

@@ -1,6 +1,6 @@
 """Choosing how each block runs so that the predicted peak fits, at the least recompute time.
 
-The peak model (measured by :mod:`nuvec_mlx.plan`): a staged step evaluates
+The peak model (measured by :mod:`nuvec_mlx.planner.plan`): a staged step evaluates
 the blocks' forward passes one by one, then their backward passes last block
 first. While block ``j`` runs forward, memory holds what the blocks before it
 kept (their outputs, and the activations their mode keeps for the backward

@@ -18,7 +18,6 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from .._marks import CHUNK
 from ..memory import StageReading
 from ._trial import StepReading
 
@@ -28,7 +27,7 @@ def _block_stages(stages: Sequence[StageReading]) -> list[StageReading]:
     out, highest = [], 0
     for r in stages:
         highest = max(highest, r.peak)
-        if r.kind != CHUNK:
+        if r.kind != "chunk":
             out.append(dataclasses.replace(r, peak=highest))
             highest = 0
     return out

@@ -7,7 +7,9 @@ compile and evaluation settings (every trial step updates: ``accumulate`` is
 same dicts, which steps compiled before hold), MLX's random key, and the
 checkpointing of the blocks are put back as they were, also when a step
 raises. Its readings are those of the user's step: the originals kept to put
-back are counted out.
+back are counted out. A :class:`Session` is one fresh step (traced and compiled
+at its first call), observed, run unobserved or timed as the caller needs, so
+that one compilation serves them all.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import inspect
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -24,7 +25,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from .. import _state, _validate, memory
+from .. import _state, memory
 from .. import nn as nv_nn
 from ..memory import StageReading
 from ..step import TrainingStep
@@ -68,37 +69,10 @@ def check_batch(batch: object, name: str = "batch", verb: str = "be ") -> None:
         )
 
 
-def as_step(
-    step: object, args: tuple, kwargs: dict, name: str, impl: Callable[..., Any]
-) -> tuple[TrainingStep, tuple, dict]:
-    """The :class:`TrainingStep` a planning function measures, its other arguments, and its options,
-    checked against ``impl``, the function that takes them (a wrong argument's error names ``name``).
-
-    Planning functions take the step first. Their form before
-    :class:`TrainingStep`, ``name(model, loss_fn, ..., optimizer=, compile=,
-    synchronize=)``, still works, with a ``FutureWarning``.
-    """
-    step, args, kwargs = _step_of(step, args, kwargs, name)
-    try:
-        inspect.signature(impl).bind(step, *args, **kwargs)
-    except TypeError as e:
-        raise TypeError(f"{name}(): {e}") from None
-    return step, args, kwargs
-
-
-def _step_of(step: object, args: tuple, kwargs: dict, name: str) -> tuple[TrainingStep, tuple, dict]:
-    if isinstance(step, TrainingStep):
-        return step, args, kwargs
-    if not isinstance(step, nn.Module):
+def check_step(step: object) -> None:
+    """``TypeError`` unless ``step`` is a :class:`TrainingStep` (what the planning functions measure)."""
+    if not isinstance(step, TrainingStep):
         raise TypeError(f"step must be an nv.TrainingStep, got {type(step).__name__}")
-    if not args:
-        raise TypeError(f"{name}(model, loss_fn, ...) needs loss_fn: pass nv.TrainingStep(model, loss_fn, optimizer)")
-    _validate.deprecated(
-        f"{name}(model, loss_fn, ..., optimizer=...)",
-        f"{name}(nv.TrainingStep(model, loss_fn, optimizer), ...)",
-    )
-    legacy = {k: kwargs.pop(k) for k in ("optimizer", "compile", "synchronize") if k in kwargs}
-    return TrainingStep(step, args[0], legacy.pop("optimizer", None), **legacy), args[1:], kwargs
 
 
 class Trial:
@@ -112,6 +86,7 @@ class Trial:
     def __init__(self, step: TrainingStep, blocks: Sequence[nn.Module]):
         self.step, self.blocks = step.replace(accumulate=1), list(blocks)
         self.model, self.optimizer = step.model, step.optimizer
+        self.tick: Callable[[], Any] = lambda: None  # called after every step (see counting)
 
     @contextlib.contextmanager
     def restoring(self) -> Iterator[None]:
@@ -131,6 +106,15 @@ class Trial:
         """Wrap each block as its mode says: :data:`PLAIN`, or checkpointed with that policy."""
         set_modes(self.blocks, modes)
 
+    @contextlib.contextmanager
+    def counting(self, tick: Callable[[], Any]) -> Iterator[None]:
+        """Inside, ``tick()`` is called after every step the trial runs (a progress bar's update)."""
+        held, self.tick = self.tick, tick
+        try:
+            yield
+        finally:
+            self.tick = held
+
     def measure(self, batch: Any, steps: int = 2, as_run: bool = False) -> list[StepReading]:
         """Run ``steps`` steps on ``batch`` (a fresh trace: the modes may have changed); their readings.
 
@@ -144,63 +128,25 @@ class Trial:
         without that wait (unless it synchronizes), so an observed step can
         peak lower than the step as it runs. With ``as_run``, one more step
         runs unobserved, with the step's own settings, and every reading's peak
-        is at least that step's.
+        is at least that step's (:func:`at_least`).
         """
-        readings, free = [], self.step.throttle
-        free = memory.current_throttle() if free is None else free
-        with self._fresh(batch) as (run, undo):
-            for _ in range(steps):
-                held = self._copies()
-                with memory.measure() as m, memory.timeline() as t:
-                    begin = time.perf_counter()
-                    run()
-                    mx.synchronize()
-                    seconds = time.perf_counter() - begin
-                undo()
-                stages = [dataclasses.replace(r, active=r.active - held, peak=r.peak - held) for r in t.readings]
-                readings.append(StepReading(m.start - held, max(r.peak for r in stages), seconds, stages, free))
-            if as_run:
-                held = self._copies()
-                with memory.measure() as m:
-                    run()
-                undo()
-                readings = [dataclasses.replace(r, peak=max(r.peak, m.start - held + m.rise)) for r in readings]
-        return readings
-
-    def time(self, batch: Any, steps: int = 3) -> float:
-        """The median seconds of ``steps`` steps on ``batch``, run as a training loop runs them.
-
-        After one step that traces and compiles, each step is timed from its
-        call to the end of its evaluation and :func:`mlx.core.synchronize`,
-        unobserved and with MLX's buffer cache kept (as between a loop's
-        steps), and put back after. :meth:`measure`'s steps clear the cache and
-        synchronize after every stage, which costs each step in proportion to
-        the memory and stages it has: fine for peaks, not for comparing times.
-        """
-        seconds = []
-        with self._fresh(batch) as (run, undo):
-            for _ in range(steps + 1):
-                self._copies()
-                begin = time.perf_counter()
-                run()
-                mx.synchronize()
-                seconds.append(time.perf_counter() - begin)
-                undo()
-        return statistics.median(seconds[1:])
+        with self.session(batch) as session:
+            readings = session.observe(steps)
+            return at_least(readings, session.as_run()) if as_run else readings
 
     @contextlib.contextmanager
-    def _fresh(self, batch: Any) -> Iterator[tuple[Callable[[], Any], Callable[[], None]]]:
-        """A fresh step on ``batch`` (a call of no arguments; traced at its first call), and what puts
-        its state back as it was here; it is put back on leaving, also on an error."""
+    def session(self, batch: Any) -> Iterator[Session]:
+        """A fresh step on ``batch`` (traced at its first call), to measure and time; its state is put
+        back as it was here after each of its steps, and on leaving, also on an error."""
         gc.collect()  # arrays held only by reference cycles (of earlier steps, of the caller) go first
         step, args = self.step.replace(), as_batch(batch)
         undo = step.snapshot()
         try:
-            yield (lambda: step(*args)), undo
+            yield Session(self, lambda: step(*args), undo)
         finally:
             undo()
 
-    def _copies(self) -> int:
+    def copies(self) -> int:
         """Give the model and the optimizer copies of what a step replaces; the bytes the originals hold.
 
         A step consumes what it updates: with :func:`nuvec_mlx.update` each
@@ -216,3 +162,81 @@ class Trial:
         nbytes += _state.copy_arrays(parameters)
         self.model.update(parameters)
         return nbytes
+
+
+def at_least(readings: Sequence[StepReading], peak: int) -> list[StepReading]:
+    """``readings`` with every peak at least ``peak`` (a step's, run unobserved: :meth:`Session.as_run`)."""
+    return [dataclasses.replace(r, peak=max(r.peak, peak)) for r in readings]
+
+
+class Session:
+    """One fresh step of a :class:`Trial` on a batch: its steps observed, run unobserved, or timed.
+
+    Its first step, whichever it is, traces the step and compiles its kernels.
+
+    Args:
+        trial: the trial whose step this is.
+        call: one call of the step (dispatched; evaluated by the step itself).
+        undo: puts the step's state back as it was before the session.
+    """
+
+    def __init__(self, trial: Trial, call: Callable[[], Any], undo: Callable[[], None]):
+        self.trial, self.call, self.undo = trial, call, undo
+        self.steps = 0  # run so far
+
+    def observe(self, steps: int) -> list[StepReading]:
+        """``steps`` steps, each read after every stage (:func:`nuvec_mlx.memory.timeline`)."""
+        readings, free = [], self.trial.step.throttle
+        free = memory.current_throttle() if free is None else free
+        for _ in range(steps):
+            with self._step() as held, memory.measure() as m, memory.timeline() as t:
+                begin = time.perf_counter()
+                self.call()
+                mx.synchronize()
+                seconds = time.perf_counter() - begin
+            stages = [dataclasses.replace(r, active=r.active - held, peak=r.peak - held) for r in t.readings]
+            readings.append(StepReading(m.start - held, max(r.peak for r in stages), seconds, stages, free))
+        return readings
+
+    def as_run(self) -> int:
+        """The peak of one step run unobserved, with the step's own settings (absolute, the originals
+        the trial keeps counted out)."""
+        with self._step() as held, memory.measure() as m:
+            self.call()
+        return m.start - held + m.rise
+
+    def time(self, steps: int = 3) -> tuple[float, int]:
+        """The median seconds of ``steps`` steps, run as a training loop runs them, and their highest peak.
+
+        Each step is timed from its call to the end of its evaluation and
+        :func:`mlx.core.synchronize`, unobserved and with MLX's buffer cache
+        kept (as between a loop's steps); a session that has run no step yet
+        first runs one that traces and compiles, untimed. :meth:`observe`'s
+        steps clear the cache and synchronize after every stage, which costs
+        each step in proportion to the memory and stages it has: fine for
+        peaks, not for comparing times. The steps run unobserved, as
+        :meth:`as_run`'s does: the highest peak of them all (the compiling
+        one's too) is theirs, absolute.
+        """
+        peaks = [] if self.steps else [self.as_run()]
+        seconds = []
+        for _ in range(steps):
+            with self._step() as held, memory.measure(clear_cache=False) as m:
+                begin = time.perf_counter()
+                self.call()
+                mx.synchronize()
+                seconds.append(time.perf_counter() - begin)
+            peaks.append(m.start - held + m.rise)
+        return statistics.median(seconds), max(peaks)
+
+    @contextlib.contextmanager
+    def _step(self) -> Iterator[int]:
+        """Around one step: the trial's copies made before it (their bytes yielded, which readings count
+        out), its state put back after."""
+        self.steps += 1
+        held = self.trial.copies()
+        try:
+            yield held
+        finally:
+            self.undo()
+            self.trial.tick()

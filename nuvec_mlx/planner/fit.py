@@ -21,12 +21,11 @@ from typing import Any
 from tqdm import tqdm
 
 from .. import _validate
+from .._units import MiB
 from ..nn import find_layers
 from ..policies import save_nothing
 from ..step import TrainingStep
 from . import _trial
-
-MiB = 1 << 20
 
 
 @dataclasses.dataclass
@@ -119,46 +118,7 @@ def solve(points: Sequence[tuple[int, int]], budget: int, multiple: int) -> int:
     return lo // multiple * multiple
 
 
-def largest_fit(step: TrainingStep, *args: Any, **kwargs: Any) -> Fit:
-    """The largest batch or sequence length (``size``) whose training step fits ``budget``.
-
-    ``largest_fit(step, make_batch, budget, *, sizes=(1, 2, 4), multiple=1,
-    layers=None, checkpoint=True, tolerance=0.02, tries=6, progress=True)``.
-    The step is the user's (:class:`nuvec_mlx.TrainingStep`, with its own
-    settings); with ``checkpoint`` (the default) every block is checkpointed
-    (policy ``save_nothing``), about the smallest peak any plan reaches, so
-    the answer is the largest size worth planning for (run
-    :func:`nuvec_mlx.plan` at it for the cheapest plan). The model, the
-    optimizer and MLX's random key are left as they were. The form before
-    :class:`nuvec_mlx.TrainingStep`, ``largest_fit(model, loss_fn,
-    make_batch, budget, optimizer=, compile=, ...)``, still works and warns.
-
-    Args:
-        step: the training step.
-        make_batch: ``size -> batch`` (the loss's arguments after the model).
-        budget: bytes of MLX memory the step may peak at.
-        sizes: the small sizes measured first (at least two, increasing).
-        multiple: the answer is a multiple of it (a sequence length of 64s, say).
-        layers: the blocks; ``None`` for ``model.layers`` or ``model.model.layers``.
-        checkpoint: measure with every block checkpointed; ``False`` measures the model as it is.
-        tolerance: stop once the largest size measured to fit is within this
-            fraction of the smallest measured not to.
-        tries: the most measurements after ``sizes``.
-        progress: show a progress bar.
-
-    Returns:
-        A :class:`Fit`; ``print(fit)`` lists every size measured.
-
-    Example:
-        >>> fit = nv.largest_fit(step, lambda t: (tokens[:, : t + 1],), 12 << 30,
-        ...                      sizes=(256, 512, 1024), multiple=64)
-        >>> fit.size
-    """
-    step, args, kwargs = _trial.as_step(step, args, kwargs, "nv.largest_fit", _largest_fit)
-    return _largest_fit(step, *args, **kwargs)
-
-
-def _largest_fit(
+def largest_fit(
     step: TrainingStep,
     make_batch: Callable[[int], Any],
     budget: int,
@@ -171,6 +131,38 @@ def _largest_fit(
     tries: int = 6,
     progress: bool = True,
 ) -> Fit:
+    """The largest batch or sequence length (``size``) whose training step fits ``budget``.
+
+    The step is the user's (:class:`nuvec_mlx.TrainingStep`, with its own
+    settings); with ``checkpoint`` (the default) every block is checkpointed
+    (policy ``save_nothing``), about the smallest peak any plan reaches, so
+    the answer is the largest size worth planning for (run
+    :func:`nuvec_mlx.plan` at it for the cheapest plan). The model, the
+    optimizer and MLX's random key are left as they were.
+
+    Args:
+        step: the training step.
+        make_batch: ``size -> batch`` (the loss's arguments after the model).
+        budget: bytes of MLX memory the step may peak at.
+        sizes: the small sizes measured first (at least two, increasing).
+        multiple: the answer is a multiple of it (a sequence length of 64s, say).
+        layers: the blocks; ``None`` for ``model.layers`` or ``model.model.layers``.
+        checkpoint: measure with every block checkpointed; ``False`` measures the model as it is.
+        tolerance: stop once the largest size measured to fit is within this
+            fraction of the smallest measured not to.
+        tries: the most measurements after ``sizes`` (0: the answer is the largest of
+            ``sizes`` that fits, and ``predicted`` the extrapolation alone).
+        progress: show a progress bar.
+
+    Returns:
+        A :class:`Fit`; ``print(fit)`` lists every size measured.
+
+    Example:
+        >>> fit = nv.largest_fit(step, lambda t: (tokens[:, : t + 1],), 12 << 30,
+        ...                      sizes=(256, 512, 1024), multiple=64)
+        >>> fit.size
+    """
+    _trial.check_step(step)
     _validate.check_callable(make_batch, "make_batch")
     _validate.check_int(budget, "budget", minimum=1)
     _check_sizes(sizes)
@@ -178,7 +170,7 @@ def _largest_fit(
     _validate.check_bool(checkpoint, "checkpoint")
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 < tolerance < 1:
         raise ValueError(f"tolerance must be a number between 0 and 1, got {tolerance!r}")
-    _validate.check_int(tries, "tries", minimum=1)
+    _validate.check_int(tries, "tries", minimum=0)
     _validate.check_bool(progress, "progress")
     blocks = find_layers(step.model, layers)
     trial = _trial.Trial(step, blocks)

@@ -11,13 +11,19 @@ predicts the peak of any mix of modes, chooses the mix with the least
 recompute time whose predicted peak fits (:mod:`._choose`), applies it, runs
 the step and measures the peak, also of a step read only at its end, as it
 runs outside the planner (on CUDA the readings after each stage free buffers
-sooner). If the measured peak misses the budget, it lowers its target by the
-miss and chooses again (at most ``corrections`` times); if no mix fits, it
+sooner). If the mix does not fit, it lowers its target by the miss and
+chooses again (at most ``corrections`` times; a near miss, within the spread
+between repeats, takes the least plan where that fits); if no mix fits, it
 says so, with the smallest peak it can reach, measured. Last, it sets the mix
 against the fixed rules it measured (every block in one mode, and every 2nd
 block checkpointed, the others plain): a rule that fits the budget and ran
 faster is verified as it runs and taken instead. Staged blocks cost the host
 a wait each, which the per-block recompute times do not show.
+
+A plan fits when its predicted peak, and its measured peak plus the most the
+same step's peak varied between repeats, are within the budget
+(:attr:`_Verified.needs`); the smallest budget any plan fits so is
+``plan.smallest``, so that a plan fits exactly when its budget is at least that.
 
 Peaks are MLX's active memory (after :func:`mlx.core.synchronize`, cache
 cleared first), counting everything the process holds in MLX at the step's
@@ -26,10 +32,11 @@ start: weights, optimizer state, the batch.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import mlx.nn as nn
@@ -41,7 +48,7 @@ from ..policies import Policy, save_everything, save_matmuls, save_nothing
 from ..step import TrainingStep
 from . import _choose, _profile, _trial
 from ._profile import Profile, highest, spread
-from ._record import Block, Plan, mode_names
+from ._record import Block, MadeFor, Plan, mode_names
 from ._trial import PLAIN
 
 #: The fixed rule that checkpoints every 2nd block and leaves the others plain.
@@ -50,15 +57,44 @@ EVERY_2ND = "every 2nd block"
 TIE = 1e-6
 #: The modes :func:`plan` chooses among by default, most memory first.
 DEFAULT_POLICIES = (save_everything, save_matmuls, save_nothing)
+#: Steps per measurement read after every stage: two, so that their spread shows what varies between repeats.
+OBSERVED_STEPS = 2
+#: Steps per time (a median), run as a training loop runs them.
+TIMED_STEPS = 3
+#: What a correction lowers its target by beyond the miss, as a fraction of the budget (at least a byte):
+#: the choice that missed is then out of reach even where the miss measured nothing (it would be chosen
+#: again), and the target moves by more than :data:`._choose.RESOLUTION` of it, within which the dynamic
+#: programme does not tell choices apart.
+CORRECTION_STEP = 1 / 2000
 
 
 @dataclasses.dataclass(frozen=True)
 class _Verified:
-    """A choice of modes, its step measured as it runs, and the margin its prediction added."""
+    """A choice of modes, its step measured as it runs, the margin its prediction added, the spread
+    between repeats of its step, and its time as a loop runs it (where it was timed)."""
 
     choice: _choose.Choice
     reading: _trial.StepReading
     margin: int
+    spread: int
+    seconds: float | None = None
+
+    @property
+    def predicted(self) -> int:
+        """The predicted peak, its margin included (bytes of MLX memory)."""
+        return self.reading.start + self.choice.peak + self.margin
+
+    @property
+    def miss(self) -> int:
+        """How far the measured peak came out above the prediction without its margin (negative: below)."""
+        return self.reading.peak - (self.reading.start + self.choice.peak)
+
+    @property
+    def needs(self) -> int:
+        """The smallest budget the choice fits: its predicted peak, or its measured peak plus the spread
+        between repeats where that is higher. Measured once, the same step may peak higher by that much
+        when run again, so a budget below it is one the planner cannot stand behind."""
+        return max(self.predicted, self.reading.peak + self.spread)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +182,10 @@ class Planner:
         self.unchecked: list[_trial.StepReading] = []
         self.rules: dict[str, tuple[tuple[str, ...], list[_trial.StepReading]]] = {}  # name: (modes, readings)
         self.rule_seconds: dict[str, float] = {}  # name: its step's time as a loop runs it (measured when needed)
-        self._least_verified: _Verified | None = None
+        self.observed: dict[tuple[str, ...], list[_trial.StepReading]] = {}  # modes: their profiled readings
+        self._least_verified: _Verified | None = None  # the verified choice that needs the least budget
+        self._measured: dict[tuple[str, ...], list[_trial.StepReading]] = {}  # modes: readings as run, this plan
+        self._bar: Any = None  # the verifying progress bar, while a plan verifies
 
     def plan(self, budget: int) -> Plan:
         """Choose, apply, measure and correct for ``budget`` (bytes of MLX memory at the step's peak).
@@ -159,65 +198,130 @@ class Planner:
         with self.trial.restoring():
             if not self.profiles:
                 self._profile()
-            return self._plan(budget)
+            with self._progress("verifying", total=0) as bar:
+                self._bar, self._measured = bar, {}
+                try:
+                    return self._plan(budget)
+                finally:
+                    self._bar = None
+
+    @contextlib.contextmanager
+    def _progress(self, what: str, total: int) -> Iterator[Any]:
+        """A progress bar that advances with every step the trial runs inside."""
+        with (
+            tqdm(total=total, desc=f"nv.plan: {what}", unit="step", disable=not self.progress) as bar,
+            self.trial.counting(bar.update),
+        ):
+            yield bar
 
     def _set_modes(self, modes: Sequence[str]) -> None:
         """Wrap the blocks as ``modes`` (mode names, or :data:`PLAIN`) say."""
         self.trial.set_modes([m if m == PLAIN else self.modes[m] for m in modes])
 
-    def _measure(self, modes: Sequence[str], as_run: bool = False) -> list[_trial.StepReading]:
+    def _measure(self, modes: Sequence[str]) -> list[_trial.StepReading]:
+        """The readings of :data:`OBSERVED_STEPS` steps with the blocks as ``modes`` say, kept for the
+        verifications of the same modes."""
         self._set_modes(modes)
-        return self.trial.measure(self.batch, as_run=as_run)
+        readings = self.trial.measure(self.batch, steps=OBSERVED_STEPS)
+        self.observed[tuple(modes)] = readings
+        return readings
 
-    def _time(self, modes: Sequence[str]) -> float:
+    @contextlib.contextmanager
+    def _session(self, modes: Sequence[str], steps: int) -> Iterator[_trial.Session]:
+        """A fresh step with the blocks as ``modes`` say, which will run ``steps`` steps (the verifying
+        bar's total grows by them)."""
         self._set_modes(modes)
-        return self.trial.time(self.batch)
+        if self._bar is not None:
+            self._bar.total += steps
+            self._bar.refresh()
+        with self.trial.session(self.batch) as session:
+            yield session
 
     def _profile(self) -> None:
         n = len(self.trial.blocks)
-        with tqdm(
-            total=len(self.modes) + 2, desc="nv.plan: measuring", unit="step pair", disable=not self.progress
-        ) as bar:
+        with self._progress("measuring", total=(len(self.modes) + 2) * OBSERVED_STEPS):
             self.unchecked = self._measure([PLAIN] * n)
-            bar.update()
             for name in self.modes:
                 self.profiles[name] = Profile.of(name, self._measure([name] * n), n)
-                bar.update()
             # The fixed rules a mix is set against: every block in one mode (measured above), and every
             # 2nd block in the mode that keeps least, the others plain (not wrapped: no stages).
             self.rules = {f"every block {m}": ((m,) * n, p.readings) for m, p in self.profiles.items()}
             least = min(self.profiles, key=lambda m: sum(self.profiles[m].keeps))
             every_2nd = tuple(least if j % 2 == 0 else PLAIN for j in range(n))
             self.rules[EVERY_2ND] = every_2nd, self._measure(every_2nd)
-            bar.update()
 
-    def _faster_rule(self, budget: int, mix: Sequence[str]) -> _Rule | None:
+    def _verify(self, choice: _choose.Choice, margin: int, spread: int, timed: bool = False) -> _Verified:
+        """``choice`` measured as it runs (:meth:`_readings`), and with ``timed`` its time as a loop runs
+        it. The verified choice that needs the least budget so far is kept (:meth:`_least`)."""
+        readings, seconds = self._readings(tuple(choice.modes), timed)
+        verified = _Verified(choice, highest(readings), margin, spread, seconds)
+        if self._least_verified is not None and verified.needs < self._least_verified.needs:
+            self._least_verified = verified
+        return verified
+
+    def _readings(self, modes: tuple[str, ...], timed: bool) -> tuple[list[_trial.StepReading], float | None]:
+        """The readings of ``modes`` as they run, measured once per plan: the profiled ones where the
+        profile ran these modes (else :data:`OBSERVED_STEPS` steps), each at least the peak of a step run
+        unobserved; and with ``timed``, their time as a loop runs them (else ``None``), whose steps, run
+        unobserved too, are the steps run unobserved."""
+        known = self._measured.get(modes)
+        if known and not timed:
+            return known, None
+        observed = known or self.observed.get(modes)
+        # Timed steps follow a step that compiles: an observed one, else one run unobserved.
+        steps = (0 if observed else OBSERVED_STEPS) + (TIMED_STEPS + bool(observed) if timed else 1)
+        with self._session(modes, steps) as session:
+            observed = observed or session.observe(OBSERVED_STEPS)
+            seconds, peak = session.time(TIMED_STEPS) if timed else (None, session.as_run())
+        self._measured[modes] = _trial.at_least(observed, peak)
+        return self._measured[modes], seconds
+
+    def _time_rule(self, name: str) -> float:
+        """A fixed rule's time as a loop runs it; its steps, run unobserved, raise its readings (measured
+        as they run this plan, else profiled) to their peak, for its verification."""
+        modes, readings = self.rules[name]
+        with self._session(modes, 1 + TIMED_STEPS) as session:
+            seconds, peak = session.time(TIMED_STEPS)
+        self._measured[modes] = _trial.at_least(self._measured.get(modes) or readings, peak)
+        return seconds
+
+    def _rivals(self, budget: int, mix: Sequence[str]) -> list[str]:
+        """The fixed rules other than ``mix`` whose profiled step fits ``budget`` (with the margin between
+        its repeats)."""
+        return [
+            name
+            for name, (modes, readings) in self.rules.items()
+            if modes != tuple(mix) and highest(readings).peak + self._margin(readings) <= budget
+        ]
+
+    def _faster_rule(self, budget: int, mix: _Verified) -> _Rule | None:
         """The fastest rule whose profiled step fits ``budget`` (with the margin between its repeats)
-        and runs faster than the ``mix`` (:meth:`._trial.Trial.time`; each rule's once), verified as
-        it runs; else ``None``."""
-        fitting = [name for name, (_, r) in self.rules.items() if highest(r).peak + self._margin(r) <= budget]
-        if not fitting:
+        and ran faster than the ``mix`` (each rule timed once per planner), verified as it runs; else
+        ``None``."""
+        rivals = self._rivals(budget, mix.choice.modes)
+        if not rivals or mix.seconds is None:
             return None
-        for name in fitting:
+        for name in rivals:
             if name not in self.rule_seconds:
-                self.rule_seconds[name] = self._time(self.rules[name][0])
-        mix_seconds = self._time(mix)
-        name = min(fitting, key=self.rule_seconds.__getitem__)
-        if self.rule_seconds[name] >= mix_seconds:
+                self.rule_seconds[name] = self._time_rule(name)
+        name = min(rivals, key=self.rule_seconds.__getitem__)
+        if self.rule_seconds[name] >= mix.seconds:
             return None
         modes, readings = self.rules[name]
-        reading = highest(self._measure(modes, as_run=True))
-        if reading.peak > budget:
-            return None
         options, _ = self._options()
         cost = sum(o.cost for j, m in enumerate(modes) for o in options[j] if o.mode == m)
         top = _profile.peak_stage(readings[-1])
         at = (_staged(modes)[top.block - 1], top.kind) if top.block else (len(modes), "outputs")
         observed = highest(readings)
         # Its prediction is what the decision took: its profiled peak and the margin between repeats.
-        reading = dataclasses.replace(reading, seconds=self.rule_seconds[name])
-        choice = _choose.Choice(modes, observed.peak - observed.start, cost, at)
-        return _Rule(name, _Verified(choice, reading, self._margin(readings)), mix_seconds)
+        margin = self._margin(readings)
+        verified = self._verify(_choose.Choice(modes, observed.peak - observed.start, cost, at), margin, margin)
+        if verified.needs > budget:
+            return None
+        verified = dataclasses.replace(
+            verified, reading=dataclasses.replace(verified.reading, seconds=self.rule_seconds[name])
+        )
+        return _Rule(name, verified, mix.seconds)
 
     def _margin(self, readings: Sequence[_trial.StepReading]) -> int:
         """A fixed rule's margin: the spread between its repeats, at least the planner's (two repeats of
@@ -273,11 +377,12 @@ class Planner:
         return costs
 
     def _least(self) -> _Verified:
-        """The modes with the smallest predicted peak, and its step measured as it runs (once: every
-        plan reports it)."""
+        """The verified choice that needs the least budget (:attr:`_Verified.needs`): the choice with the
+        smallest predicted peak, measured as it runs once per planner, or a choice verified since that
+        needs less. Its need is every plan's ``smallest``."""
         if self._least_verified is None:
-            choice = _choose.smallest(*self._options())
-            self._least_verified = _Verified(choice, highest(self._measure(choice.modes, as_run=True)), self.jitter())
+            jitter = self.jitter()
+            self._least_verified = self._verify(_choose.smallest(*self._options()), jitter, jitter)
         return self._least_verified
 
     def jitter(self) -> int:
@@ -294,44 +399,46 @@ class Planner:
         unchecked = highest(self.unchecked)
         margin, history = self.jitter(), []
         plain = unchecked.peak + spread(self.unchecked) <= budget
-        with tqdm(
-            total=self.corrections + 1, desc="nv.plan: verifying", unit="step pair", disable=not self.progress
-        ) as bar:
-            for _ in range(self.corrections + 1):
-                choice: _choose.Choice | None
-                if plain:
-                    choice = _choose.Choice(
-                        (PLAIN,) * len(options), unchecked.peak - unchecked.start, 0.0, (len(options), "outputs")
-                    )
-                    margin = spread(self.unchecked)
-                else:
-                    choice = _choose.choose(options, budget - start - margin, outputs)
-                if choice is None:
-                    break
-                reading = highest(self._measure(choice.modes, as_run=True))
-                bar.update()
-                history.append(_Verified(choice, reading, margin))
-                if reading.peak <= budget:
-                    rule = None if plain else self._faster_rule(budget, choice.modes)
-                    if rule is not None:
-                        history[-1] = rule.verified
-                    return self._record(budget, history, fits=True, rule=rule)
-                # That choice peaked this much above its prediction: so may others; it is now out of reach.
-                margin = max(self.jitter(), margin, reading.peak - (reading.start + choice.peak)) + max(
-                    1, budget // 2000
+        self._least()  # first: every choice verified after it may need less (smallest agrees with fits)
+        for _ in range(self.corrections + 1):
+            choice: _choose.Choice | None
+            if plain:
+                choice = _choose.Choice(
+                    (PLAIN,) * len(options), unchecked.peak - unchecked.start, 0.0, (len(options), "outputs")
                 )
-                plain = False
+                margin = repeats = spread(self.unchecked)
+            else:
+                choice, repeats = _choose.choose(options, budget - start - margin, outputs), self.jitter()
+            if choice is None:
+                break
+            timed = not plain and bool(self._rivals(budget, choice.modes))  # set against the rules: timed
+            history.append(self._verify(choice, margin, repeats, timed=timed))
+            if history[-1].needs <= budget:
+                rule = None if plain else self._faster_rule(budget, history[-1])
+                if rule is not None:
+                    history[-1] = rule.verified
+                return self._record(budget, history, rule=rule)
+            if self._near_miss(budget, history[-1]):
+                break
+            # That choice peaked this much above its prediction: so may others; it is now out of reach.
+            margin = max(margin, self.jitter() + history[-1].miss) + max(1, int(budget * CORRECTION_STEP))
+            plain = False
         least = self._least()
-        if not history or history[-1].choice.modes != least.choice.modes:
+        if not history or history[-1] is not least:
             history.append(least)
-        return self._record(budget, history, fits=history[-1].reading.peak <= budget)
+        return self._record(budget, history)
 
-    def _record(self, budget: int, history: list[_Verified], fits: bool, rule: _Rule | None = None) -> Plan:
+    def _near_miss(self, budget: int, missed: _Verified) -> bool:
+        """Whether ``missed`` needs more than ``budget`` by no more than the spread between repeats, where
+        the least plan fits: it is taken then, as choosing again would chase the noise of single
+        measurements (each near-least choice measured once comes out within that spread of the least's)."""
+        return self._least().needs <= budget and missed.needs - budget <= missed.spread
+
+    def _record(self, budget: int, history: list[_Verified], rule: _Rule | None = None) -> Plan:
         """The :class:`Plan` of the last entry of ``history``."""
         last = history[-1]
         choice, reading, start = last.choice, last.reading, last.reading.start
         options, _ = self._options()
-        least = self._least()
         top = _profile.peak_stage(reading)
         blocks = []
         for j, mode in enumerate(choice.modes):
@@ -350,45 +457,50 @@ class Planner:
             )
         return Plan(
             budget=budget,
-            fits=fits,
+            fits=last.needs <= budget,
             modes=list(choice.modes),
-            predicted=start + choice.peak + last.margin,
+            predicted=last.predicted,
             measured=reading.peak,
+            spread=last.spread,
             start=start,
             margin=last.margin,
             unchecked=highest(self.unchecked).peak,
-            smallest=max(start + least.choice.peak, least.reading.peak) + self.jitter(),
+            smallest=self._least().needs,
             seconds=reading.seconds,
             recompute=choice.cost,
             measured_peak_at=_stage_name(
                 top.kind, None if top.block is None else _staged(choice.modes)[top.block - 1], self.names
             ),
             predicted_peak_at=_stage_name(choice.at[1], choice.at[0], self.names),
-            corrections=[
-                (list(v.choice.modes), start + v.choice.peak + v.margin, v.reading.peak) for v in history[:-1]
-            ],
+            corrections=[(list(v.choice.modes), v.predicted, v.reading.peak) for v in history[:-1]],
             rule=rule.name if rule else None,
             mix_seconds=rule.mix_seconds if rule else None,
             synchronize=self.trial.step.synchronize,
             blocks=blocks,
+            made_for=MadeFor.of(self.trial.model, self.batch),
             policies={m: self.modes[m] for m in choice.modes if m != PLAIN},
             _targets=[weakref.ref(b) for b in self.trial.blocks],
         )
 
 
-def plan(step: TrainingStep, *args: Any, **kwargs: Any) -> Plan:
+def plan(
+    step: TrainingStep,
+    batch: Any,
+    budget: int,
+    *,
+    layers: Any = None,
+    policies: Sequence[Policy] = DEFAULT_POLICIES,
+    corrections: int = 3,
+    progress: bool = True,
+) -> Plan:
     """Plan which blocks to checkpoint, and how, so that a training step's peak fits ``budget``.
 
-    ``plan(step, batch, budget, *, layers=None, policies=DEFAULT_POLICIES,
-    corrections=3, progress=True)``: measures ``step`` (unchecked and with
+    Measures ``step`` (unchecked and with
     every block in each mode), chooses the modes with the least recompute time
     whose predicted peak fits, and measures the step with them applied,
     correcting if it misses. The model, the optimizer and MLX's random key are
     left as they were: call :meth:`Plan.apply` to checkpoint the blocks. To
     plan several budgets from one set of measurements, use :class:`Planner`.
-    The form before :class:`nuvec_mlx.TrainingStep`, ``plan(model, loss_fn,
-    batch, budget, optimizer=, compile=, synchronize=, ...)``, still works and
-    warns.
 
     Args:
         step: the step to plan, with its own settings (:class:`nuvec_mlx.TrainingStep`).
@@ -406,28 +518,10 @@ def plan(step: TrainingStep, *args: Any, **kwargs: Any) -> Plan:
         >>> print(plan)
         >>> plan.apply()
     """
-    legacy = isinstance(step, nn.Module)
-    step, args, kwargs = _trial.as_step(step, args, kwargs, "nv.plan", _plan)
-    return _plan(step, *args, legacy=legacy, **kwargs)
-
-
-def _plan(
-    step: TrainingStep,
-    batch: Any,
-    budget: int,
-    *,
-    layers: Any = None,
-    policies: Sequence[Policy] = DEFAULT_POLICIES,
-    corrections: int = 3,
-    progress: bool = True,
-    legacy: bool = False,
-) -> Plan:
+    _trial.check_step(step)
     _validate.check_int(budget, "budget", minimum=1)
     planner = Planner(step, batch, layers=layers, policies=policies, corrections=corrections, progress=progress)
-    found = planner.plan(budget)
-    if legacy:  # the old form's plans kept their measurements (Plan.replan)
-        found._planner = planner
-    return found
+    return planner.plan(budget)
 
 
 def _check_policies(chosen: object) -> list[Policy]:

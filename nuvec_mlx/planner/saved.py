@@ -40,12 +40,11 @@ import mlx.nn as nn
 
 from .. import _calls, _policies, _pytree, _saving, _validate
 from .. import nn as nv_nn
+from .._units import MiB
 from ..nn import find_layers
 from ..policies import Policy, save_everything, save_nothing
 from ..step import TrainingStep
 from . import _trial
-
-MiB = 1 << 20
 
 #: Primitives whose output shares its input's buffer (MLX makes them views when it can).
 VIEWS = frozenset(
@@ -342,15 +341,14 @@ def _first_calls(model: nn.Module, loss_fn: Callable, batch: tuple, blocks: Sequ
     return calls
 
 
-def saved_activations(step: TrainingStep, *args: Any, **kwargs: Any) -> SavedActivations:
+def saved_activations(
+    step: TrainingStep, batch: Any, *, policy: Policy | None = None, layers: Any = None, measure: bool = False
+) -> SavedActivations:
     """Per block, the arrays a step keeps for its backward pass, unchecked and checkpointed.
 
-    ``saved_activations(step, batch, *, policy=None, layers=None,
-    measure=False)``. Nothing is evaluated (unless ``measure``), and the model
+    Nothing is evaluated (unless ``measure``), and the model
     is left as it was. See the module's description for how the arrays are
-    found and what the report cannot see. The form before
-    :class:`nuvec_mlx.TrainingStep`, ``saved_activations(model, loss_fn,
-    batch, optimizer=, compile=, ...)``, still works and warns.
+    found and what the report cannot see.
 
     Args:
         step: the training step (:class:`nuvec_mlx.TrainingStep`).
@@ -368,13 +366,7 @@ def saved_activations(step: TrainingStep, *args: Any, **kwargs: Any) -> SavedAct
     Example:
         >>> print(nv.saved_activations(step, (x, y), policy=nv.policies.save_matmuls))
     """
-    step, args, kwargs = _trial.as_step(step, args, kwargs, "nv.saved_activations", _saved_activations)
-    return _saved_activations(step, *args, **kwargs)
-
-
-def _saved_activations(
-    step: TrainingStep, batch: Any, *, policy: Policy | None = None, layers: Any = None, measure: bool = False
-) -> SavedActivations:
+    _trial.check_step(step)
     _trial.check_batch(batch)
     policy = _policies.check_policy(policy)
     _validate.check_bool(measure, "measure")

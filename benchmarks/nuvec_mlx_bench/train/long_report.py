@@ -1,0 +1,230 @@
+"""The long-sequence suite's outputs: its tables, JSON and the plot of the peak against the length.
+
+Each run's step peak is set against the blocks' inputs, ``L x T x hidden x 2`` bytes (bf16): what a
+step that checkpoints every block keeps between its forward and backward passes, the checkpointed
+step's floor; its time against mlx-lm's at the same length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from nuvec_mlx.memory import MiB
+
+from ..core import options, rounds
+from ..core.figures import caption, save_figure, spread
+from .cases import LOGITS_LIMIT, TrainWorkload
+from .trainers import CRASHED
+
+#: Each trainer's colour and marker in the plot (a nuvec with settings is drawn as nuvec, dashed).
+STYLES = {"none": ("tab:gray", "o"), "mlx-lm": ("tab:blue", "s"), "nuvec": ("tab:green", "o")}
+#: The characters of a failed run's error shown in the table.
+SHOWN = 60
+
+
+def model_label(w: TrainWorkload) -> str:
+    """``w`` as a heading, without its length (the runs of one model and mode share it).
+
+    Example:
+        >>> model_label(TrainWorkload("llama", batch=1, seq=64, hidden=64, layers=2, vocab=64))
+        'llama lora H=64 V=64 L=2 B=1 bfloat16'
+    """
+    return w.label().replace(f" T={w.seq}", "")
+
+
+def steps_after_first(values: list[float]) -> dict[str, Any] | None:
+    """The median (min–max) of the steps after the first (which compiles); of the one step if only one
+    ran; ``None`` if none did (:func:`~nuvec_mlx_bench.core.rounds.summary`)."""
+    return rounds.summary(values[1:] or values) if values else None
+
+
+def blocks_inputs(r: dict) -> int:
+    """The bytes of the blocks' inputs of run ``r``: layers x batch x tokens x hidden x the activations' bytes."""
+    return int(r["layers"] * r.get("batch", 1) * r["length"] * r["hidden"] * r["activation_bytes"])
+
+
+def _base_time(runs: list[dict], r: dict) -> float | None:
+    """mlx-lm's median step time in the sweep at ``r``'s model and length, if it ran."""
+    for other in runs:
+        same = (other["workload"], other["length"], other["phase"]) == (r["workload"], r["length"], "sweep")
+        if same and other["trainer"] == "mlx-lm" and other["status"] == "ok" and len(other["seconds"]) > 1:
+            return float(statistics.median(other["seconds"][1:]))
+    return None
+
+
+def table(runs: list[dict]) -> list[str]:
+    """The sweep's Markdown table: one line per model, length and trainer."""
+    lines = [
+        "| model | tokens | trainer | held MiB | step peak MiB (min–max) | peak in all MiB | blocks' inputs MiB "
+        "| peak / blocks' inputs | step s (min–max) | time / mlx-lm's | outcome |",
+        "| --- " * 11 + "|",
+    ]
+    sweep = [r for r in runs if r["phase"] == "sweep"]
+    for r in sorted(sweep, key=lambda r: (r["workload"], r["length"])):
+        peak, seconds = steps_after_first(r["peaks"]), steps_after_first(r["seconds"])
+        inputs = blocks_inputs(r)
+        base = _base_time(runs, r)
+        cells = [
+            r["workload"],
+            str(r["length"]),
+            r["trainer"],
+            f"{r['held'] / MiB:,.1f}" if r["held"] is not None else "",
+            spread(peak, 1 / MiB) if peak else "",
+            f"{(r['held'] + max(r['peaks'])) / MiB:,.1f}" if peak else "",
+            f"{inputs / MiB:,.1f}",
+            f"{peak['median'] / inputs:.2f}" if peak else "",
+            spread(seconds, 1, 2) if seconds else "",
+            f"{seconds['median'] / base:.2f}" if seconds and base and r["status"] == "ok" else "",
+            outcome_text(r),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def outcome_text(r: dict) -> str:
+    """A run's outcome in a few words: ``ok``, or what stopped it and the start of its error; a crash of a
+    trainer that builds the whole logits says where those reach :data:`~.cases.LOGITS_LIMIT` elements."""
+    if r["status"] == "ok":
+        return "ok"
+    error = " ".join(r["error"].split())
+    text = f"{r['status']}: {error[:SHOWN]}{'…' if len(error) > SHOWN else ''}"
+    whole = r["trainer"] in ("none", "mlx-lm") and r["length"] * r["vocab"] >= LOGITS_LIMIT
+    if r["status"] == CRASHED and whole:
+        text += f" (whole logits of {r['length'] * r['vocab']:,} elements: 2^32 or more end MLX's CUDA process)"
+    return text
+
+
+def search_table(searches: list[dict]) -> list[str]:
+    """The search's Markdown table: one line per model, trainer and memory."""
+    if not searches:
+        return []
+    lines = [
+        "| model | trainer | memory | longest tokens that fit | its peak in all MiB | shortest measured not to fit |",
+        "| --- " * 6 + "|",
+    ]
+    for s in searches:
+        if "error" in s["results"]:
+            lines.append(f"| {s['workload']} | {s['trainer']} | | error: {s['results']['error'][:SHOWN]} | | |")
+            continue
+        for size, found in s["results"].items():
+            peak = found["peak_in_all"]
+            cells = [
+                s["workload"],
+                s["trainer"],
+                size,
+                f"{found['longest']:,}",
+                f"{peak / MiB:,.1f}" if peak else "",
+                f"{found['shortest_not_fitting']:,}" if found["shortest_not_fitting"] else "",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def notes(results: dict, args: argparse.Namespace) -> list[str]:
+    """How the figures were measured."""
+    lines = [
+        "- each run: one process per model, mode, trainer and length, through the trainer's own `train()` "
+        "(`none`: `mlx_lm.tuner.trainer.train` without `grad_checkpoint`; `mlx-lm`: the same with it; `nuvec`: "
+        "`nuvec_mlx.mlx_lm.train` with it, at its defaults or the settings in brackets); random weights, "
+        f"batch {args.batch} of rows of random tokens (the model reads `tokens`; `max_seq_length` is tokens + 1), "
+        "Adam at mlx-lm's learning rate, LoRA of rank "
+        f"{args.lora_rank} on mlx-lm's default layers of every block; `qlora`: the base quantized as `mlx_lm.convert "
+        "-q` does (4 bits, groups of 64); the model loaded from a folder built once (`mlx_lm.utils.load_model`)",
+        "- held: MLX's active memory once the model, its adapters and the initialised optimizer exist, before "
+        "training; step peak: at mlx-lm's report after each step (`steps_per_report=1`), `mx.get_peak_memory()` "
+        "after `mx.synchronize()`, minus held, then `mx.reset_peak_memory()`; step s: the wall time between two "
+        f"reports; both the median (min–max) of steps 2 to {args.steps} (the first compiles); peak in all: held + "
+        "the highest step peak, the first step's included: what the run needed",
+        "- blocks' inputs: layers x tokens x hidden x 2 bytes (bf16), what checkpointing every block keeps; "
+        "time / mlx-lm's: the median step time over mlx-lm's at the same length",
+        "- a run that runs out of memory is a result: MLX's exception (`out of memory`), or a process ended "
+        "without a result (`out of memory or crashed`, with its exit status)",
+    ]
+    if args.memory:
+        lines.append(
+            f"- longest tokens that fit: the longest multiple of {args.granularity} (up to {args.max_length}) whose "
+            f"every step's peak in all fits the memory, measured: probes of {args.search_steps} steps (the first "
+            "included), doubling from the longest length measured to fit (the sweep's count), then bisecting; "
+            "each probe's memory capped at the memory + 1/16: MLX's memory limit set there (it frees MLX's cache "
+            "and waits for running work before going past it, it does not fail) and a guard thread that ends the "
+            "probe as soon as MLX's peak or active memory passes it (`over the cap`)"
+        )
+    for m in results.get("models", []):
+        lines.append(f"- model folder built: `{m['folder']}`, {m['bytes'] / 2**30:.2f} GiB in {m['seconds']:.1f} s")
+    skipped = sorted(set(args.memory) - set(getattr(args, "searched", args.memory)))
+    if skipped:
+        lines.append(f"- not searched (over the device's memory): {', '.join(map(options.size_text, skipped))}")
+    return lines
+
+
+def _found(search: dict) -> list[dict]:
+    return [] if "error" in search["results"] else list(search["results"].values())
+
+
+def plot(results: dict, args: argparse.Namespace) -> Figure | None:
+    """Peak in all against length, one panel per model and mode, one line per trainer; held + the
+    blocks' inputs dashed, the memories searched dotted, each trainer's longest fitting length a
+    vertical line; a run that did not fit is a cross at the top."""
+    runs = results["runs"]
+    labels = list(dict.fromkeys(r["workload"] for r in runs))
+    if not labels:
+        return None
+    fig = Figure(figsize=(8, 1.5 + 3.8 * len(labels)))
+    axes = fig.subplots(len(labels), 1, squeeze=False)
+    for ax, label in zip(axes[:, 0], labels):
+        mine = [r for r in runs if r["workload"] == label]
+        _panel(ax, mine, [s for s in results["searches"] if s["workload"] == label], args.memory)
+        ax.set_title(f"{label} (dashed: held + blocks' inputs; x: did not fit)", fontsize=9)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
+
+
+def _panel(ax: Any, runs: list[dict], searches: list[dict], memory: list[int]) -> None:
+    for trainer in dict.fromkeys(r["trainer"] for r in runs):
+        color, marker = STYLES.get(trainer.split(" ")[0], ("k", "o"))
+        style = "-" if trainer in STYLES else "--"
+        mine = [r for r in runs if r["trainer"] == trainer]
+        points = sorted(
+            {r["length"]: r["held"] + max(r["peaks"]) for r in mine if r["status"] == "ok" and r["peaks"]}.items()
+        )
+        ax.plot([t for t, _ in points], [p / MiB for _, p in points], marker + style, ms=4, color=color, label=trainer)
+        failed = sorted({r["length"] for r in mine if r["status"] != "ok"} - {t for t, _ in points})
+        ax.plot(failed, [1.0] * len(failed), "x", color=color, ms=7, transform=ax.get_xaxis_transform(), clip_on=False)
+        for s in searches:
+            for found in _found(s) if s["trainer"] == trainer else []:
+                if found["longest"]:
+                    ax.axvline(found["longest"], color=color, ls=":", lw=0.8)
+    held = next((r["held"] for r in runs if r["held"] is not None), 0)
+    grid = sorted({r["length"] for r in runs})
+    ax.plot(grid, [(held + blocks_inputs({**runs[0], "length": t})) / MiB for t in grid], "k--", lw=0.8)
+    for m in memory:
+        ax.axhline(m / MiB, color="k", ls=":", lw=0.6)
+        ax.annotate(f" {options.size_text(m)}", (0, m / MiB), xycoords=("axes fraction", "data"), fontsize=7)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("sequence length (tokens)")
+    ax.set_ylabel("held + step peak, MiB")
+    ax.legend(fontsize=7)
+
+
+def write(out: Path, results: dict, args: argparse.Namespace, partial: bool = False) -> list[Path]:
+    """Write ``results.json``, ``results.md`` and ``peak_vs_length.png`` into ``out``; return the files."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = results["environment"]
+    lines = notes(results, args)
+    if partial:
+        lines.insert(0, "- partial: the run was still going")
+    fig = plot(results, args)
+    text = caption(env) + f", mlx-lm {env.get('mlx_lm', '?')}"
+    plots = [save_figure(fig, out / "peak_vs_length.png", text)] if fig is not None else []
+    (out / "results.json").write_text(json.dumps({**results, "notes": lines}, indent=1))
+    head = ["# Fine-tuning benchmark: long sequences", "", *(f"- {k}: `{v}`" for k, v in env.items()), ""]
+    body = table(results["runs"]) + [""] + search_table(results["searches"])
+    pics = [f"![{p.stem}]({p.name})" for p in plots]
+    (out / "results.md").write_text("\n".join(head + lines + [""] + body + [""] + pics) + "\n")
+    return [out / "results.json", out / "results.md", *plots]
