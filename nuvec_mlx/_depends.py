@@ -153,3 +153,28 @@ def also_into(outputs: Sequence[mx.array], graph: Sequence[mx.array]) -> list[mx
     besides its inputs, by MLX's own rules; nothing where it read none."""
     # mx.custom_function's __call__ is typed object; it returns what _also_into returns, a list of arrays.
     return list(cast(list[mx.array], _also_into(list(outputs), list(graph))))
+
+
+def first_order(message: str) -> Callable[[list[mx.array], list[mx.array]], object]:
+    """An identity on ``arrays`` (gradients computed from ``inputs``, passed to be seen as its inputs) that
+    refuses to be differentiated again: its vjp and jvp raise ``ValueError(message)``. For gradients a
+    transform takes itself, in a forward pass or from states it treats as given, whose own derivative
+    would silently be wrong."""
+
+    @mx.custom_function
+    def identity(arrays: list[mx.array], inputs: list[mx.array]) -> list[mx.array]:
+        return list(arrays)
+
+    @identity.vjp
+    def refuse_vjp(primals: object, cotangents: object, outputs: object) -> object:
+        raise ValueError(message)
+
+    @identity.jvp
+    def refuse_jvp(primals: object, tangents: object) -> object:
+        raise ValueError(message)
+
+    @identity.vmap
+    def passed(inputs: list[list[mx.array]], axes: list[list[int | None]]) -> tuple[list[mx.array], list[int]]:
+        return batched(inputs[0], inputs, axes)
+
+    return identity

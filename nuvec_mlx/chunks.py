@@ -318,34 +318,14 @@ class _Call:
         return out, [0] * len(out)
 
 
-@mx.custom_function
-def _first_order(arrays: list[mx.array], inputs: list[mx.array]) -> list[mx.array]:
-    """``arrays``, gradients of ``inputs`` taken in a forward pass (of stopped inputs), refusing to be
-    differentiated again: a second derivative through them would silently be zero."""
-    return list(arrays)
-
-
-@_first_order.vjp
-def _first_order_vjp(primals: Any, cotangents: Any, outputs: Any) -> Any:
-    raise ValueError(_SECOND_ORDER)
-
-
-@_first_order.jvp
-def _first_order_jvp(primals: Any, tangents: Any) -> Any:
-    raise ValueError(_SECOND_ORDER)
-
-
-@_first_order.vmap
-def _first_order_vmap(inputs: Any, axes: Any) -> tuple[list[mx.array], list[int]]:
-    return _depends.batched(inputs[0], inputs, axes)
-
-
 _SECOND_ORDER = (
     "a derivative of a gradient that nuvec took in the forward pass of a chunked loss (nv.losses.cross_entropy, "
     "nv.checkpoint_chunks with one summed scalar output, under nv.value_and_grad or nv.TrainingStep): those "
     "chunks support first derivatives only; take the inner gradient with mx.grad or nn.value_and_grad, which "
     "recompute the chunks in the backward pass"
 )
+#: Gradients taken in a forward pass, refusing a second derivative.
+_first_order = _depends.first_order(_SECOND_ORDER)
 
 
 def _check_axes(spec: object, name: str) -> None:

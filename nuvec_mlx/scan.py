@@ -277,32 +277,12 @@ class _Scan:
         return out, [0] * len(out)
 
 
-@mx.custom_function
-def _first_order(arrays: list[mx.array], inputs: list[mx.array]) -> list[mx.array]:
-    """``arrays``, a scan's gradients, refusing to be differentiated again: they treat each chunk's starting
-    state as given, so a derivative of them would silently miss how those states depend on earlier chunks."""
-    return list(arrays)
-
-
-@_first_order.vjp
-def _first_order_vjp(primals: Any, cotangents: Any, outputs: Any) -> Any:
-    raise ValueError(_SECOND_ORDER)
-
-
-@_first_order.jvp
-def _first_order_jvp(primals: Any, tangents: Any) -> Any:
-    raise ValueError(_SECOND_ORDER)
-
-
-@_first_order.vmap
-def _first_order_vmap(inputs: Any, axes: Any) -> tuple[list[mx.array], list[int]]:
-    return _depends.batched(inputs[0], inputs, axes)
-
-
 _SECOND_ORDER = (
     "a derivative of a gradient taken through nv.scan: the scan's backward pass treats each chunk's starting "
     "state as given, so it supports first derivatives only (forward mode, mx.jvp of the scan itself, works)"
 )
+#: The scan's gradients, refusing a second derivative.
+_first_order = _depends.first_order(_SECOND_ORDER)
 
 
 def _axes_of(xs: Any, axis: object) -> list[int | None]:

@@ -118,8 +118,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]:
             "--longest",
             action="store_true",
             help="nuvec: instead of a plan, the longest sequence at --batch-size whose step fits --budget, every "
-            "block checkpointed: measured at a quarter, half and all of --max-seq-length, extrapolated, and "
-            "measured at the answer (--verify)",
+            "block checkpointed: measured at a half, three quarters and all of --max-seq-length, extrapolated, "
+            "and measured at the answer (--verify)",
         ),
         parser.add_argument(
             "--verify",
@@ -272,10 +272,12 @@ class _Planning:
 
     def _longest(self, step: TrainingStep, batch: tuple[mx.array, mx.array], source: str) -> str:
         """The longest sequence at the batch's rows that fits, every block checkpointed: peaks measured at a
-        quarter, half and all of the batch's tokens, a parabola through them solved for the budget, then
-        ``--verify`` measurements that narrow it (:func:`nuvec_mlx.largest_fit`)."""
+        half, three quarters and all of the batch's tokens, a parabola through them solved for the budget,
+        then ``--verify`` measurements that narrow it (:func:`nuvec_mlx.largest_fit`). The chunk rules make
+        the peak grow more slowly at longer lengths, so the extrapolation from the longest lengths measured
+        errs short: a length that fits."""
         rows, tokens = batch[0].shape
-        sizes = sorted({max(8, tokens // 4 // 8 * 8), max(16, tokens // 2 // 8 * 8), max(24, tokens)})
+        sizes = sorted({max(8, tokens // 2 // 8 * 8), max(16, tokens * 3 // 4 // 8 * 8), max(24, tokens)})
         make = functools.partial(_tokens_of, batch)
         fit = largest_fit(step, make, self.budget, sizes=sizes, multiple=8, tolerance=0.05, tries=self.command.verify)
         measured = ", ".join(f"{size}: {peak_text(peak)}" for size, peak in fit.peaks)

@@ -166,8 +166,7 @@ class Planner:
         corrections: int = 3,
         progress: bool = True,
     ):
-        if not isinstance(step, TrainingStep):
-            raise TypeError(f"step must be an nv.TrainingStep, got {type(step).__name__}")
+        _trial.check_step(step)
         _trial.check_batch(batch)
         self.modes = mode_names(_check_policies(policies))
         self.corrections = _validate.check_int(corrections, "corrections", minimum=0)
