@@ -89,6 +89,10 @@ def save_everything(value: Saveable) -> bool:
     return True
 
 
+#: The policies known by name (what a saved plan and ``nuvec-mlx-plan --policies`` name).
+NAMED: dict[str, Policy] = {p.__name__: p for p in (save_everything, save_matmuls, save_nothing)}
+
+
 def save_names(*names: str) -> Policy:
     """A policy that keeps the values named with :func:`checkpoint_name` as one of ``names``.
 

@@ -101,9 +101,9 @@ def eval(
         >>> nv.eval(loss, state, ahead=0)  # the lowest peak, one host wait per stage
         >>> nv.eval(loss, state, synchronize=True)  # on CUDA, the same peak every step
     """
-    check_settings(throttle, ahead, synchronize)  # before the registry forgets what is taken
+    ahead = check_settings(throttle, ahead, synchronize)  # before the registry forgets what is taken
     taken = _registry.take(arrays)
-    staged(taken.stages, arrays, throttle=throttle, ahead=ahead, synchronize=synchronize, undos=taken.undos)
+    _run(taken.stages, arrays, throttle, ahead, synchronize, taken.undos)
 
 
 def check_settings(throttle: object, ahead: object, synchronize: object) -> int:
@@ -130,7 +130,18 @@ def staged(
     registry; :class:`nuvec_mlx.TrainingStep`, which has its stages in hand,
     calls this directly.
     """
-    ahead = check_settings(throttle, ahead, synchronize)
+    _run(stages, arrays, throttle, check_settings(throttle, ahead, synchronize), synchronize, undos)
+
+
+def _run(
+    stages: Sequence[mx.array],
+    arrays: Sequence[Any],
+    throttle: int | float | None,
+    ahead: int,
+    synchronize: bool,
+    undos: Sequence[Callable[[], None]],
+) -> None:
+    """:func:`staged` with its settings checked (``ahead`` as it applies)."""
     nbytes = memory.current_throttle(staged=bool(stages)) if throttle is None else throttle
     try:
         with _throttled(nbytes):

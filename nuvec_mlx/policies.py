@@ -15,7 +15,7 @@ Example:
     >>> nv.checkpoint_layers(model, policy=keep)
 """
 
-from ._policies import Policy, save_everything, save_matmuls, save_names, save_nothing
+from ._policies import NAMED, Policy, save_everything, save_matmuls, save_names, save_nothing
 from ._saving import Saveable
 
-__all__ = ["Policy", "Saveable", "save_everything", "save_matmuls", "save_names", "save_nothing"]
+__all__ = ["NAMED", "Policy", "Saveable", "save_everything", "save_matmuls", "save_names", "save_nothing"]

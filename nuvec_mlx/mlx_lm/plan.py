@@ -56,11 +56,7 @@ UNITS = {
     **{f"{p}{b}": 1000**k for k, p in enumerate("KMGT", 1) for b in ("", "B")},
     **{f"{p}IB": 1024**k for k, p in enumerate("KMGT", 1)},
 }
-POLICIES = {
-    "save_everything": policies.save_everything,
-    "save_matmuls": policies.save_matmuls,
-    "save_nothing": policies.save_nothing,
-}
+POLICIES = policies.NAMED
 #: mlx-lm's banner rows that only a training run reads (the planner runs no iterations: its batch is its own row).
 TRAINING_ROWS = ("batch · iters",)
 DESCRIPTION = (

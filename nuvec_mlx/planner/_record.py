@@ -23,11 +23,11 @@ import mlx.nn as nn
 from .. import _policies, _pytree, _validate
 from .._units import MiB
 from ..nn import find_layers
-from ..policies import Policy, save_everything, save_matmuls, save_nothing
+from ..policies import NAMED, Policy
 from ._trial import PLAIN, as_batch, set_modes
 
 #: The policies a plan saved to JSON names, by the names it prints.
-KNOWN = {p.__name__: p for p in (save_everything, save_matmuls, save_nothing)}
+KNOWN = NAMED
 
 
 @dataclasses.dataclass(frozen=True)
