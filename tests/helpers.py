@@ -14,6 +14,7 @@ import mlx.nn as nn
 import pytest
 
 import nuvec_mlx as nv
+from nuvec_mlx.planner.plan import CORRECTION_STEP
 from nuvec_mlx_bench import testing
 
 #: A test whose step runs unstaged on purpose (mx.eval of nuvec's checkpoints, an optimizer's update inside
@@ -113,7 +114,10 @@ def assert_met_as_predicted(plan, budget: int) -> None:
     worst), and above it by up to 3%, or a quarter of the throttle where that is more (a small plan under
     load: 3.9 MiB measured against 3.8 predicted, 1.033x, was seen with a fresh clone's CI beside the
     suite). Where the margin comes from steps whose every block is staged, it
-    is at most the throttle in force (what MLX's evaluator may run ahead within a stage). The rule "every
+    is at most the throttle in force (what MLX's evaluator may run ahead within a stage) on a quiet
+    machine; under load the repeats of a staged step spread further (3.2 MiB against a 1 MiB throttle was
+    seen with a fresh clone's CI beside two other jobs), and the margin is then at most the spread the
+    planner measured, plus the step each correction adds. The rule "every
     2nd block" and the plain step run unstaged blocks, whose spread grows with the machine's load (1.75
     MiB against a 1 MiB throttle was seen with two suites running): their margin is not bounded so, and
     their measured peak may come in above the prediction by two throttles more (1.3 MiB over a 12.2 MiB
@@ -127,7 +131,8 @@ def assert_met_as_predicted(plan, budget: int) -> None:
         assert measured - budget <= throttle, str(plan)
     unstaged = plan.rule == "every 2nd block" or set(plan.modes) == {"plain"}
     if not unstaged:
-        assert plan.margin <= throttle, (plan.margin, str(plan))
+        corrections = len(plan.corrections) * max(1, int(budget * CORRECTION_STEP))
+        assert plan.margin <= max(throttle, plan.spread) + corrections, (plan.margin, str(plan))
     low = plan.predicted - 2 * plan.margin - 0.05 * plan.predicted
     high = max(1.03 * plan.predicted, plan.predicted + throttle / 4) + (2 * throttle if unstaged else 0)
     assert low <= plan.measured <= high, (low, plan.measured, high, str(plan))
