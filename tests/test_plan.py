@@ -244,10 +244,13 @@ def test_a_plan_that_misses_as_its_step_runs_unobserved_is_corrected_and_shown(m
     extra = 2 << 20
     held_while_unobserved(monkeypatch, extra)
     plan = case.planner.plan(budget)
-    # The choice that fitted as observed misses as run: the planner corrects it, and still fits.
-    assert observed.fits and not observed.corrections, str(observed)
-    assert plan.corrections and plan.corrections[0][0] == observed.modes, str(plan)
-    assert plan.corrections[0][2] >= observed.measured + extra - (256 << 10), str(plan)
+    # The planner's first choice (the same for the same budget and profiles) now misses as run by what is
+    # held: the planner corrects it, and still fits. On a busy machine that first choice may already have
+    # been corrected once in the observed plan (it lies as close to the budget as the margin allows).
+    assert observed.fits, str(observed)
+    first = observed.corrections[0] if observed.corrections else (observed.modes, None, observed.measured)
+    assert plan.corrections and plan.corrections[0][0] == first[0], str(plan)
+    assert plan.corrections[0][2] >= first[2] + extra - (256 << 10), str(plan)
     assert plan.fits and plan.measured <= budget, str(plan)
     assert "correction: predicted" in str(plan)
 
