@@ -245,3 +245,24 @@ def readme_step(model, loss_fn, optimizer):
         return loss
 
     return state, lambda x: nv.eval(step(x), state)
+
+
+def recurrence_loss(update: Callable[..., Any], *args: Any, **kwargs: Any) -> mx.array:
+    """A scalar of a recurrence's outputs and final state (``update(*args, **kwargs) -> (y, state)``),
+    weighted so that no gradient is symmetric."""
+    y, s = update(*args, **kwargs)
+    weights = mx.cos(mx.arange(y.size, dtype=mx.float32)).reshape(y.shape)
+    return (y.astype(mx.float32) * weights).sum() + (s * s).sum()
+
+
+def recurrence_gradients(update: Callable[..., Any], args: list[Any], **kwargs: Any) -> tuple[mx.array, ...]:
+    """The gradients of :func:`recurrence_loss` with respect to each of ``args`` that is not ``None``."""
+    positions = tuple(i for i, x in enumerate(args) if x is not None)
+
+    def loss(*xs: mx.array) -> mx.array:
+        full = list(args)
+        for i, x in zip(positions, xs):
+            full[i] = x
+        return recurrence_loss(update, *full, **kwargs)
+
+    return mx.grad(loss, argnums=positions)(*(args[i] for i in positions))

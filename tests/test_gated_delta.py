@@ -13,7 +13,7 @@ from nuvec_mlx.mlx_lm.gated_delta import (
     gated_delta_update,
     make_gated_delta_update,
 )
-from tests.helpers import assert_close, rise
+from tests.helpers import assert_close, recurrence_gradients, recurrence_loss, rise
 
 reference = mlx_lm_gated_delta.gated_delta_update
 NAMES = ("q", "k", "v", "a", "b", "A_log", "dt_bias", "state")
@@ -49,22 +49,12 @@ def inputs(
 
 
 def weighted(update, *args, **kwargs):
-    """A scalar of the outputs and the final state, weighted so that no gradient is symmetric."""
-    y, s = update(*args, use_kernel=kwargs.pop("use_kernel", False), **kwargs)
-    weights = mx.cos(mx.arange(y.size, dtype=mx.float32)).reshape(y.shape)
-    return (y.astype(mx.float32) * weights).sum() + (s * s).sum()
+    """:func:`recurrence_loss` of ``update`` (the ops, unless ``use_kernel`` says otherwise)."""
+    return recurrence_loss(update, *args, use_kernel=kwargs.pop("use_kernel", False), **kwargs)
 
 
 def gradients(update, args, **kwargs):
-    positions = tuple(i for i, x in enumerate(args) if x is not None)
-
-    def loss(*xs):
-        full = list(args)
-        for i, x in zip(positions, xs):
-            full[i] = x
-        return weighted(update, *full, **kwargs)
-
-    return mx.grad(loss, argnums=positions)(*(args[i] for i in positions))
+    return recurrence_gradients(update, args, use_kernel=kwargs.pop("use_kernel", False), **kwargs)
 
 
 @pytest.mark.parametrize("chunk", [8, 7, DEFAULT_CHUNK])

@@ -7,7 +7,7 @@ from mlx_lm.models import ssm as mlx_lm_ssm
 
 import nuvec_mlx as nv
 from nuvec_mlx.mlx_lm.ssm import make_ssm_update, ssm_update
-from tests.helpers import assert_close, rise
+from tests.helpers import assert_close, recurrence_gradients, rise
 
 NAMES = ("hidden_states", "A_log", "B", "C", "D", "dt", "dt_bias", "state")
 
@@ -28,19 +28,6 @@ def inputs(batch=2, length=100, heads=4, head_dim=8, groups=2, size=16, state=Tr
     return out
 
 
-def gradients(update, args, **kwargs):
-    positions = tuple(i for i, x in enumerate(args) if x is not None)
-
-    def loss(*xs):
-        full = list(args)
-        for i, x in zip(positions, xs):
-            full[i] = x
-        y, s = update(*full, **kwargs)
-        return (y * mx.cos(mx.arange(y.size, dtype=mx.float32)).reshape(y.shape)).sum() + (s * s).sum()
-
-    return mx.grad(loss, argnums=positions)(*(args[i] for i in positions))
-
-
 @pytest.mark.parametrize("chunk", [16, 37, 256])
 @pytest.mark.parametrize("state", [True, False], ids=["state", "no-state"])
 def test_values_final_state_and_gradients_are_mlx_lm_s(chunk, state):
@@ -52,7 +39,7 @@ def test_values_final_state_and_gradients_are_mlx_lm_s(chunk, state):
     assert_close(s, s_ref, 1e-5)
     if chunk == 256:  # one chunk of mlx-lm's own step: its operations, in its order
         assert mx.array_equal(y, y_ref).item() and mx.array_equal(s, s_ref).item()
-    for g, e in zip(gradients(update, args), gradients(mlx_lm_ssm.ssm_update, args), strict=True):
+    for g, e in zip(recurrence_gradients(update, args), recurrence_gradients(mlx_lm_ssm.ssm_update, args), strict=True):
         assert_close(g, e, 1e-5)
 
 
