@@ -297,21 +297,13 @@ def test_memory_grows_linearly_with_the_sequence_and_below_the_loop_s():
     h0 = mx.zeros((1, dim))
     mx.eval(w, h0)
 
-    def step(h, inputs):
-        w, x = inputs
-        ys = []
-        for t in range(x.shape[1]):
-            h = mx.tanh(h @ w + x[:, t])
-            ys.append(h)
-        return h, mx.stack(ys, axis=1)
-
     def measure(length, chunked=True):
         x = mx.random.normal((1, length, dim))
         mx.eval(x)
 
         def loss(xs):
             inputs = (xs[1], xs[0])
-            h, ys = scan(step, h0, inputs, chunk=64, axis=(None, 1)) if chunked else step(h0, inputs)
+            h, ys = scan(rnn, h0, inputs, chunk=64, axis=(None, 1)) if chunked else rnn(h0, inputs)
             return (ys**2).sum() + h.sum()
 
         vg = nv.value_and_grad_flat(loss, [0, 1])
