@@ -979,6 +979,7 @@ def load_probe(name: str):
 
 def test_every_probe_is_one_this_file_runs():
     assert {p.stem for p in (BENCH / "probes").glob("*.py")} == {
+        "gated_delta_time",
         "head_time",
         "host_time",
         "strategy_runs",
@@ -1001,6 +1002,13 @@ def test_the_head_time_probe_times_the_head_four_ways_with_the_same_gradient(cap
     assert set(got) == {"whole", "recomputed 128", "nuvec 128", "unstaged 128"}
     assert all(r["seconds"] > 0 and r["difference"] < 1e-2 for r in got.values())
     assert "chunks of 128 tokens" in capsys.readouterr().out  # 4096 / (8 x 128): 4 chunks of the 512 tokens
+
+
+@pytest.mark.parametrize("way", ["nuvec", "mlx-lm"])
+def test_the_gated_delta_probe_times_each_repeat_of_either_way(way, capsys):
+    seconds = load_probe("gated_delta_time").main(["--tokens", "40", "--heads", "2", "--dim", "8", "--way", way])
+    assert len(seconds) == 3 and all(s > 0 for s in seconds)
+    assert f"{way} T=40 eager repeat 2:" in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -262,7 +262,9 @@ def test_a_fixed_rule_that_fits_and_ran_faster_is_taken_instead_of_the_mix(monke
     assert modes.count("plain") == len(modes) // 2
     fits = max(r.peak for r in readings) + (1 << 20)
     assert fits < case.first.unchecked
-    # White-box: as if far faster than any mix (which rule runs faster is a wall-clock time, not repeatable).
+    # White-box: as if far faster than any mix, profiled and timed (which rule runs faster is a wall-clock
+    # time, not repeatable).
+    monkeypatch.setitem(planner.rules, EVERY_2ND, (modes, with_seconds(readings, 1e-9)))
     monkeypatch.setitem(planner.rule_seconds, EVERY_2ND, 1e-9)
     plan = planner.plan(fits)
     assert plan.rule == EVERY_2ND and list(plan.modes) == list(modes), str(plan)
@@ -272,6 +274,30 @@ def test_a_fixed_rule_that_fits_and_ran_faster_is_taken_instead_of_the_mix(monke
     # Below what the rule needs it is not taken, however fast, and the mix fits.
     tight = planner.plan(int(case.first.smallest + (max(r.peak for r in readings) - case.first.smallest) / 2))
     assert tight.rule != EVERY_2ND and tight.fits and tight.measured <= tight.budget, str(tight)
+
+
+def with_seconds(readings, seconds):
+    """Profiled readings as if each step had taken ``seconds``."""
+    return [dataclasses.replace(r, seconds=seconds) for r in readings]
+
+
+@of("mlp")
+def test_rules_the_profile_shows_slower_than_the_mix_are_not_timed(monkeypatch, case):
+    planner = case.planner
+    modes, readings = planner.rules[EVERY_2ND]
+    fits = max(r.peak for r in readings) + (1 << 20)
+    # White-box: every rule's profiled steps as if far slower than any mix; a rule timed would be taken.
+    for name, (rule, profiled) in list(planner.rules.items()):
+        monkeypatch.setitem(planner.rules, name, (rule, with_seconds(profiled, 1e9)))
+    timed = []
+    monkeypatch.setattr(planner, "rule_seconds", {})  # the times this test makes up go with it
+    monkeypatch.setattr(planner, "_time_rule", lambda name: timed.append(name) or 1e-9)
+    plan = planner.plan(fits)
+    assert timed == [] and plan.rule is None and plan.fits, str(plan)
+    # Profiled as faster, the fastest rule that fits is timed, and only it.
+    monkeypatch.setitem(planner.rules, EVERY_2ND, (modes, with_seconds(readings, 1e-9)))
+    plan = planner.plan(fits)
+    assert timed == [EVERY_2ND] and plan.rule == EVERY_2ND, str(plan)
 
 
 @of("mlp")

@@ -16,9 +16,12 @@ chooses again (at most ``corrections`` times; a near miss, within the spread
 between repeats, takes the least plan where that fits); if no mix fits, it
 says so, with the smallest peak it can reach, measured. Last, it sets the mix
 against the fixed rules it measured (every block in one mode, and every 2nd
-block checkpointed, the others plain): a rule that fits the budget and ran
-faster is verified as it runs and taken instead. Staged blocks cost the host
-a wait each, which the per-block recompute times do not show.
+block checkpointed, the others plain): the fastest rule that fits the budget
+and whose profiled step ran faster than the profile predicts the mix would
+is timed against the mix as a loop runs them, and where it ran faster it is
+verified as it runs and taken instead. Staged blocks cost the host a wait
+each, which the per-block recompute times do not show. Rules the profile
+shows slower are not timed: timing is most of a plan's steps.
 
 A plan fits when its predicted peak, and its measured peak plus the most the
 same step's peak varied between repeats, are within the budget
@@ -104,6 +107,11 @@ class _Rule:
     name: str
     verified: _Verified
     mix_seconds: float
+
+
+def _warm_seconds(readings: Sequence[_trial.StepReading]) -> float:
+    """An observed step's seconds, the last of ``readings`` (the first also traced and compiled)."""
+    return readings[-1].seconds
 
 
 def _groups(blocks: Sequence[nn.Module], keeps: Sequence[int]) -> list[tuple]:
@@ -284,26 +292,38 @@ class Planner:
         self._measured[modes] = _trial.at_least(self._measured.get(modes) or readings, peak)
         return seconds
 
-    def _rivals(self, budget: int, mix: Sequence[str]) -> list[str]:
+    def _rivals(self, budget: int, mix: _choose.Choice) -> list[str]:
         """The fixed rules other than ``mix`` whose profiled step fits ``budget`` (with the margin between
-        its repeats)."""
-        return [
-            name
-            for name, (modes, readings) in self.rules.items()
-            if modes != tuple(mix) and highest(readings).peak + self._margin(readings) <= budget
-        ]
+        its repeats) and ran faster than the profile predicts ``mix`` would (:meth:`_predicted_seconds`),
+        fastest first: the rules worth timing against it."""
+        predicted = self._predicted_seconds(mix)
+        seconds = {name: _warm_seconds(readings) for name, (_, readings) in self.rules.items()}
+        return sorted(
+            (
+                name
+                for name, (modes, readings) in self.rules.items()
+                if modes != tuple(mix.modes)
+                and highest(readings).peak + self._margin(readings) <= budget
+                and seconds[name] < predicted
+            ),
+            key=seconds.__getitem__,
+        )
+
+    def _predicted_seconds(self, choice: _choose.Choice) -> float:
+        """The profile's prediction of ``choice``'s step time, observed as the profile's steps were: the
+        fastest profiled step's plus the choice's recompute time (each block's backward stage over the
+        fastest mode's)."""
+        return min(_warm_seconds(p.readings) for p in self.profiles.values()) + choice.cost
 
     def _faster_rule(self, budget: int, mix: _Verified) -> _Rule | None:
-        """The fastest rule whose profiled step fits ``budget`` (with the margin between its repeats)
-        and ran faster than the ``mix`` (each rule timed once per planner), verified as it runs; else
-        ``None``."""
-        rivals = self._rivals(budget, mix.choice.modes)
+        """The fastest rule of :meth:`_rivals`, where, timed as a loop runs it (once per planner), it ran
+        faster than the ``mix``, verified as it runs; else ``None``."""
+        rivals = self._rivals(budget, mix.choice)
         if not rivals or mix.seconds is None:
             return None
-        for name in rivals:
-            if name not in self.rule_seconds:
-                self.rule_seconds[name] = self._time_rule(name)
-        name = min(rivals, key=self.rule_seconds.__getitem__)
+        name = rivals[0]
+        if name not in self.rule_seconds:
+            self.rule_seconds[name] = self._time_rule(name)
         if self.rule_seconds[name] >= mix.seconds:
             return None
         modes, readings = self.rules[name]
@@ -410,7 +430,7 @@ class Planner:
                 choice, repeats = _choose.choose(options, budget - start - margin, outputs), self.jitter()
             if choice is None:
                 break
-            timed = not plain and bool(self._rivals(budget, choice.modes))  # set against the rules: timed
+            timed = not plain and bool(self._rivals(budget, choice))  # set against a rule: timed
             history.append(self._verify(choice, margin, repeats, timed=timed))
             if history[-1].needs <= budget:
                 rule = None if plain else self._faster_rule(budget, history[-1])
