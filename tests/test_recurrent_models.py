@@ -159,8 +159,9 @@ def assert_same_step(got, expected, rtol: float = 1e-4) -> None:
 
 @pytest.mark.parametrize("arch", list(CONFIGS))
 def test_a_checkpointed_step_is_mlx_lm_s_unchecked_step(arch, eager):
-    """96 tokens: two chunks of the recurrence (64 tokens each, the last shorter); the blocks that call it
-    compute it in chunks (their own calls rerouted), and only they."""
+    """96 tokens: two chunks of the SSM scan (64 tokens each, the last shorter), one chunk of the gated delta
+    rule in blocks of 64 (16 with vector gates), the last shorter; the blocks that call the recurrence compute
+    it in chunks (their own calls rerouted), and only they."""
     model = lora_model(arch)
     tokens, lengths = batch(96)
     expected = nn.value_and_grad(model, default_loss)(model, tokens, lengths)
