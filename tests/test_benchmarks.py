@@ -10,6 +10,7 @@ import ast
 import gc
 import json
 import math
+import re
 import statistics
 import subprocess
 import sys
@@ -1008,7 +1009,8 @@ def test_the_head_time_probe_times_the_head_four_ways_with_the_same_gradient(cap
 def test_the_gated_delta_probe_times_each_repeat_of_either_way(way, capsys):
     seconds = load_probe("gated_delta_time").main(["--tokens", "40", "--heads", "2", "--dim", "8", "--way", way])
     assert len(seconds) == 3 and all(s > 0 for s in seconds)
-    assert f"{way} T=40 eager repeat 2:" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"{way} T=40 eager repeat 2:" in out and re.search(r"MiB; \d+\.\d\d operations per token", out), out
 
 
 @pytest.mark.slow

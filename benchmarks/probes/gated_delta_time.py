@@ -9,8 +9,10 @@ the queries, keys and values, in one of two ways:
 - ``mlx-lm``: mlx-lm's ``gated_delta_ops``, its per-token loop, what ``mlx_lm.lora`` trains with off Metal.
 
 Eager (``mx.value_and_grad``, ``mx.eval``) or ``--compile`` (under ``mx.compile``). Prints each repeat's
-seconds (the first also compiles MLX's kernels: on CUDA, minutes for a fresh process) and the peak
-(``mx.get_peak_memory()`` after ``mx.synchronize()``, the cache not cleared, the inputs included)::
+seconds (the first also compiles MLX's kernels: on CUDA, minutes for a fresh process), the peak
+(``mx.get_peak_memory()`` after ``mx.synchronize()``, the cache not cleared, the inputs included) and the
+operations per token of the loss and its gradient (the primitives ``mx.export_to_dot`` draws, of the eager
+graph: each is a kernel launched, on a GPU)::
 
     python benchmarks/probes/gated_delta_time.py --tokens 4096 --way nuvec
     python benchmarks/probes/gated_delta_time.py --tokens 1024 --way mlx-lm --heads 4 --repeats 2
@@ -19,7 +21,10 @@ seconds (the first also compiles MLX's kernels: on CUDA, minutes for a fresh pro
 from __future__ import annotations
 
 import argparse
+import re
+import tempfile
 import time
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -29,8 +34,17 @@ from nuvec_mlx.mlx_lm.gated_delta import make_gated_delta_update
 from nuvec_mlx_bench.core import environment
 
 
+def _operations(*outputs: mx.array) -> int:
+    """The primitives of the graph that computes ``outputs`` (the rectangles of ``mx.export_to_dot``)."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "graph.dot"
+        mx.export_to_dot(str(path), *outputs)
+        return len(re.findall(r"shape=rectangle", path.read_text()))
+
+
 def main(argv: list[str] | None = None) -> list[float]:
-    """Run the probe on ``argv``; print each repeat's seconds and the peak, and return the seconds."""
+    """Run the probe on ``argv``; print each repeat's seconds, the peak and the operations per token, and
+    return the seconds."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=1024)
     p.add_argument("--heads", type=int, default=16)
@@ -58,6 +72,8 @@ def main(argv: list[str] | None = None) -> list[float]:
         return (y.astype(mx.float32) ** 2).sum()
 
     step = mx.value_and_grad(loss, argnums=(0, 1, 2))
+    value, gradients = step(q, k, v)
+    operations = _operations(value, *gradients)
     step = mx.compile(step) if args.compile else step
     seconds = []
     for i in range(args.repeats):
@@ -66,7 +82,7 @@ def main(argv: list[str] | None = None) -> list[float]:
         mx.synchronize()
         seconds.append(time.perf_counter() - begin)
         print(f"{args.way} T={args.tokens} {'compiled' if args.compile else 'eager'} repeat {i}: {seconds[-1]:.3f} s")
-    print(f"peak {mx.get_peak_memory() / 2**20:.1f} MiB")
+    print(f"peak {mx.get_peak_memory() / 2**20:.1f} MiB; {operations / args.tokens:.2f} operations per token")
     return seconds
 
 
