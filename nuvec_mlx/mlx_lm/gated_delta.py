@@ -332,13 +332,13 @@ def make_gated_delta_update(
         xs: tuple[mx.array, ...] = (q, k, v, log_g, beta) if mask is None else (q, k, v, log_g, beta, mask)
         fused = kernel if kernel != "auto" else (gated_delta_kernel if _kernel_applies(k) else None)
         forward = _kernel_forward(fused) if use_kernel and callable(fused) else None
-        size = chunk if chunk is not None else DEFAULT_CHUNK if a.ndim == 3 else DEFAULT_VECTOR_CHUNK
-        tokens = block if block is not None else DEFAULT_BLOCK if a.ndim == 3 else DEFAULT_VECTOR_BLOCK
+        chunk_size = chunk if chunk is not None else DEFAULT_CHUNK if a.ndim == 3 else DEFAULT_VECTOR_CHUNK
+        block_size = block if block is not None else DEFAULT_BLOCK if a.ndim == 3 else DEFAULT_VECTOR_BLOCK
         if mask is None:
-            step: Callable[..., tuple[mx.array, mx.array]] = functools.partial(_chunk_parallel, block=tokens)
+            step: Callable[..., tuple[mx.array, mx.array]] = functools.partial(_chunk_parallel, block=block_size)
         else:  # each token's slices have a vjp the size of their chunk: chunks of a block at most
-            step, size = _chunk_per_token, min(size, tokens)
-        new_state, y = scan(step, init, xs, chunk=size, axis=1, forward=forward)
+            step, chunk_size = _chunk_per_token, min(chunk_size, block_size)
+        new_state, y = scan(step, init, xs, chunk=chunk_size, axis=1, forward=forward)
         return y, new_state
 
     functools.update_wrapper(update, gated_delta_update)

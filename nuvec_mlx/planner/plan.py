@@ -315,10 +315,9 @@ class Planner:
         fastest mode's)."""
         return min(_warm_seconds(p.readings) for p in self.profiles.values()) + choice.cost
 
-    def _faster_rule(self, budget: int, mix: _Verified) -> _Rule | None:
-        """The fastest rule of :meth:`_rivals`, where, timed as a loop runs it (once per planner), it ran
-        faster than the ``mix``, verified as it runs; else ``None``."""
-        rivals = self._rivals(budget, mix.choice)
+    def _faster_rule(self, budget: int, mix: _Verified, rivals: Sequence[str]) -> _Rule | None:
+        """The first (fastest) of ``rivals`` (:meth:`_rivals` of the ``mix``), where, timed as a loop runs it
+        (once per planner), it ran faster than the ``mix``, verified as it runs; else ``None``."""
         if not rivals or mix.seconds is None:
             return None
         name = rivals[0]
@@ -430,10 +429,10 @@ class Planner:
                 choice, repeats = _choose.choose(options, budget - start - margin, outputs), self.jitter()
             if choice is None:
                 break
-            timed = not plain and bool(self._rivals(budget, choice))  # set against a rule: timed
-            history.append(self._verify(choice, margin, repeats, timed=timed))
+            rivals = [] if plain else self._rivals(budget, choice)  # set against a rule: timed
+            history.append(self._verify(choice, margin, repeats, timed=bool(rivals)))
             if history[-1].needs <= budget:
-                rule = None if plain else self._faster_rule(budget, history[-1])
+                rule = self._faster_rule(budget, history[-1], rivals)
                 if rule is not None:
                     history[-1] = rule.verified
                 return self._record(budget, history, rule=rule)
