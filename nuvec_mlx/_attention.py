@@ -9,7 +9,11 @@ it runs cuDNN's fused forward and backward for float16 and bfloat16 with head
 sizes that are multiples of 8 up to 128 and query lengths that are multiples
 of 128, and the fallback otherwise (float32 among them). The fallback holds
 the scores, batch x heads x queries x keys, and their softmax: a block's
-backward pass then holds tokens squared.
+backward pass then holds tokens squared. Measured on an H100 (MLX 0.32.4),
+the fused backward also has a limit of its own: at 2^28 batch x heads x
+queries x head size (32 heads of 128 at 65,536 tokens) it asks for more
+memory than the card has, where 7/8 of that takes 3.4 GiB (see
+:data:`FUSED_LIMIT`).
 
 :func:`scaled_dot_product_attention` computes the same attention in chunks of
 queries (:func:`nuvec_mlx.checkpoint_chunks`), so that the forward and the
@@ -31,8 +35,16 @@ import mlx.core as mx
 from . import _validate
 from .chunks import checkpoint_chunks
 
-#: The chunk setting that chunks where this backend trains attention unfused.
+#: The chunk setting that chunks where this backend trains attention unfused, or past :data:`FUSED_LIMIT`.
 AUTO = "auto"
+#: The most batch x heads x queries x head size handed to MLX's fused CUDA attention under a gradient. Measured
+#: on an H100 (MLX 0.32.4 CUDA; ``benchmarks/results/h100/2026-12-06-attention-backward/``), the fused
+#: backward of 1 x 32 heads x 65,536 queries x 128 (2^28) fails to allocate on an 80 GB card, where 57,344
+#: queries take 3.4 GiB and 16 heads x 65,536 queries (2^27) 1.9 GiB; keys do not count (32,768 queries against
+#: 65,536 keys take 2.5 GiB). Longer queries are computed in fused chunks of at most this many.
+FUSED_LIMIT = 1 << 27
+#: cuDNN's fused backward takes query lengths that are multiples of this (MLX 0.32's ``use_fallback``).
+FUSED_MULTIPLE = 128
 
 
 def check(setting: object, name: str) -> int | str | None:
@@ -67,7 +79,7 @@ def trains_unfused(q: mx.array, k: mx.array, v: mx.array, causal: bool) -> bool:
         and value <= 128
         and q.dtype in (mx.float16, mx.bfloat16)
     )
-    return not (cudnn and q_len % 128 == 0)
+    return not (cudnn and q_len % FUSED_MULTIPLE == 0)
 
 
 def default_size(q: mx.array) -> int:
@@ -77,16 +89,34 @@ def default_size(q: mx.array) -> int:
     return 4 * q.shape[-1]
 
 
+def fused_size(q: mx.array) -> int | None:
+    """The queries per chunk that keep fused attention within :data:`FUSED_LIMIT`, or ``None`` where the whole
+    is within it: a multiple of 128 queries, so that each chunk is fused too."""
+    batch, heads, tokens, head = q.shape
+    if batch * heads * tokens * head <= FUSED_LIMIT:
+        return None
+    return max(FUSED_LIMIT // (batch * heads * head) // FUSED_MULTIPLE, 1) * FUSED_MULTIPLE
+
+
+def auto_size(q: mx.array, k: mx.array, v: mx.array, mask: Any, unfused: int) -> int | None:
+    """The queries per chunk of ``"auto"``: ``unfused`` where this backend trains the attention unfused,
+    :func:`fused_size` where it is fused."""
+    if q.ndim != 4:
+        return None
+    causal = isinstance(mask, str) and mask == "causal"
+    return unfused if trains_unfused(q, k, v, causal) else fused_size(q)
+
+
 def chunk_size(q: mx.array, k: mx.array, v: mx.array, mask: Any, chunk: int | str | None) -> int | None:
     """The queries per chunk ``chunk`` gives this attention, or ``None`` to compute it whole: ``"auto"``
-    chunks where this backend trains it unfused, in chunks of :func:`default_size`."""
+    chunks where this backend trains it unfused, in chunks of :func:`default_size`, and fused attention past
+    :data:`FUSED_LIMIT`."""
     if chunk is None or q.ndim != 4:
         return None
     if chunk == AUTO:
-        causal = isinstance(mask, str) and mask == "causal"
-        if not trains_unfused(q, k, v, causal):
+        chunk = auto_size(q, k, v, mask, default_size(q))
+        if chunk is None:
             return None
-        chunk = default_size(q)
     return None if q.shape[2] <= int(chunk) else int(chunk)
 
 
@@ -114,7 +144,8 @@ def scaled_dot_product_attention(
             arguments (``sinks``) are passed on.
         chunk: queries per chunk; ``"auto"`` (the default) chunks where this
             backend trains attention unfused (the CPU, Metal; CUDA outside
-            cuDNN's fused kernels), in chunks of 4 x the head size; ``None``
+            cuDNN's fused kernels), in chunks of 4 x the head size, and fused
+            attention past :data:`FUSED_LIMIT` in fused chunks; ``None``
             never chunks.
 
     Returns:

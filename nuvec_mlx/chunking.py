@@ -189,7 +189,8 @@ class Chunks:
         head: the loss head's tokens per chunk (:func:`head_tokens`).
         attention: attention's queries per chunk; ``"auto"`` chunks where the
             backend trains attention unfused (the CPU, Metal), in chunks of
-            :func:`attention_queries` (at most 4 x the head size).
+            :func:`attention_queries` (at most 4 x the head size), and fused
+            attention past what MLX's fused backward takes, in fused chunks.
         mlp: a block's MLP's tokens per chunk (:func:`mlp_tokens`).
         scan: a recurrence's tokens per chunk (gated delta, state-space scans).
 
@@ -253,17 +254,16 @@ def _width(module: nn.Module) -> int:
 @dataclasses.dataclass(frozen=True)
 class _FastAttention:
     """``mx.fast.scaled_dot_product_attention`` in chunks of queries: ``chunk`` of them, or with ``"auto"``
-    :func:`attention_queries` of a model of ``blocks`` blocks where this backend trains attention unfused."""
+    :func:`attention_queries` of a model of ``blocks`` blocks where this backend trains attention unfused (and
+    fused chunks past :data:`nuvec_mlx._attention.FUSED_LIMIT`)."""
 
     chunk: int | str
     blocks: int
 
     def __call__(self, q: mx.array, k: mx.array, v: mx.array, *, scale: float, mask: Any = None, **options: Any):
         chunk: int | str | None = self.chunk
-        if chunk == AUTO:
-            causal = isinstance(mask, str) and mask == "causal"
-            unfused = q.ndim == 4 and _attention.trains_unfused(q, k, v, causal)
-            chunk = attention_queries(q, k, self.blocks) if unfused else None
+        if chunk == AUTO and q.ndim == 4:
+            chunk = _attention.auto_size(q, k, v, mask, attention_queries(q, k, self.blocks))
         return _attention.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, chunk=chunk, **options)
 
 

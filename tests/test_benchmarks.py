@@ -980,6 +980,7 @@ def load_probe(name: str):
 
 def test_every_probe_is_one_this_file_runs():
     assert {p.stem for p in (BENCH / "probes").glob("*.py")} == {
+        "attention_backward",
         "gated_delta_time",
         "head_time",
         "host_time",
@@ -1003,6 +1004,15 @@ def test_the_head_time_probe_times_the_head_four_ways_with_the_same_gradient(cap
     assert set(got) == {"whole", "recomputed 128", "nuvec 128", "unstaged 128"}
     assert all(r["seconds"] > 0 and r["difference"] < 1e-2 for r in got.values())
     assert "chunks of 128 tokens" in capsys.readouterr().out  # 4096 / (8 x 128): 4 chunks of the 512 tokens
+
+
+def test_the_attention_probe_measures_each_shape_and_rejects_a_malformed_one(capsys):
+    found = load_probe("attention_backward").main(["--shapes", "64:64:2:1,32:128:4:2", "--head-dim", "16"])
+    assert len(found) == 2 and all(re.fullmatch(r"peak [\d,]+ MiB, \d+\.\d\d s", r) for r in found.values())
+    assert "queries 32 keys 128 heads 4 kv 2 dim 16: peak" in capsys.readouterr().out
+    for bad in ("64:32:2:1", "64:64:3:2", "64:64:2"):
+        with pytest.raises(SystemExit):
+            load_probe("attention_backward").main(["--shapes", bad])
 
 
 @pytest.mark.parametrize("way", ["nuvec", "mlx-lm"])

@@ -118,6 +118,26 @@ def test_auto_chunks_where_the_backend_trains_attention_unfused(monkeypatch):
     assert _attention.default_size(q) == 4 * 64
 
 
+def test_auto_chunks_fused_attention_past_mlx_fused_limit(monkeypatch):
+    """On CUDA, 32 heads of 128 at 65,536 queries (2^28) are past what MLX's fused backward allocates: fused
+    chunks (multiples of 128 queries) instead; 32,768 queries stay whole. The arrays are never evaluated."""
+    monkeypatch.setattr(_attention, "backend", lambda: "cuda")
+    monkeypatch.setattr(mx, "device_info", lambda: {"compute_capability_major": 9})
+    q, kv = mx.zeros((1, 32, 65536, 128), dtype=mx.bfloat16), mx.zeros((1, 8, 65536, 128), dtype=mx.bfloat16)
+    assert not _attention.trains_unfused(q, kv, kv, causal=True)
+    assert _attention.chunk_size(q, kv, kv, "causal", "auto") == 32768
+    assert _attention.chunk_size(q[:, :, :32768], kv, kv, "causal", "auto") is None
+    odd = mx.zeros((1, 24, 65536, 128), dtype=mx.bfloat16)  # 2^27 / (24 x 128) = 43,690.7: 341 x 128
+    assert _attention.chunk_size(odd, kv, kv, "causal", "auto") == 43648
+    assert _attention.chunk_size(q, kv, kv, "causal", None) is None
+    routed = nv.chunking.attention_routes(llama.Attention, "auto", blocks=32)["scaled_dot_product_attention"]
+    seen = []  # what a chunked model's attention hands on: the same sizes
+    monkeypatch.setattr(_attention, "scaled_dot_product_attention", lambda *a, chunk, **k: seen.append(chunk))
+    routed(q, kv, kv, None, 1.0, "causal")
+    routed(q[:, :, :32768], kv, kv, None, 1.0, "causal")
+    assert seen == [32768, None]
+
+
 def test_auto_leaves_attention_whole_where_it_is_fused(monkeypatch):
     model = MODELS["llama"]()
     monkeypatch.setattr(_attention, "trains_unfused", lambda *args: False)
