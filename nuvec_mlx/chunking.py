@@ -6,9 +6,11 @@ holds every activation of the block over the whole sequence. Three parts of a
 language model's step grow with the sequence beyond that, and each splits
 along it: the loss head (one chunk's logits at a time:
 :func:`nuvec_mlx.losses.cross_entropy`), attention where MLX trains it unfused
-(one chunk of queries' scores: :func:`nuvec_mlx.scaled_dot_product_attention`)
-and a block's MLP (one chunk of tokens' intermediates: a module checkpointed
-in chunks, :func:`nuvec_mlx.checkpoint_module`). :class:`Chunks` holds the
+(one chunk of queries' scores: :func:`nuvec_mlx.scaled_dot_product_attention`),
+a block's MLP (one chunk of tokens' intermediates: a module checkpointed
+in chunks, :func:`nuvec_mlx.checkpoint_module`) and attention's projections
+(the same way: LoRA computes its products in float32, so each projection's
+backward pass holds float32 copies of its input and output). :class:`Chunks` holds the
 setting of each, :func:`chunk_layers` applies them to a model's blocks, and
 the rules here size the ``"auto"`` settings from the sizes involved.
 
@@ -39,6 +41,7 @@ from . import nn as nv_nn
 __all__ = [
     "AUTO",
     "FEED_FORWARD",
+    "PROJECTIONS",
     "Chunks",
     "Setting",
     "attention_queries",
@@ -47,6 +50,7 @@ __all__ = [
     "feed_forward",
     "head_tokens",
     "mlp_tokens",
+    "projections",
 ]
 
 #: A chunk setting: ``"auto"`` (sized by the rules here), a size in tokens, or ``None`` (never chunk).
@@ -57,14 +61,18 @@ AUTO = _attention.AUTO
 #: independently: what the MLP setting checkpoints in chunks.
 FEED_FORWARD = ("mlp", "feed_forward", "block_sparse_moe")
 
+#: The names attention modules give their projections, which treat tokens independently: what the projections
+#: setting checkpoints in chunks (mlx-lm's names; Phi-3 projects queries, keys and values at once).
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj")
+
 #: The share of the blocks' inputs (every checkpointed block's input: what a checkpointed step keeps between
 #: its forward and backward pass) that one chunk of a part may hold at its peak: the step's peak is then the
 #: blocks' inputs, what a block's backward pass holds for the whole sequence, and one such share, at every length.
 SHARE = 1 / 8
 #: What each part holds at its peak per unit of its chunk, in bytes, measured on the CPU (bfloat16 LoRA, MLX
 #: 0.32): the loss head per logit (a chunk's tokens x the vocabulary: its logits, their float32 softmax and
-#: gradient), the MLP's backward per token x its width (float32 copies of its intermediates, LoRA's among them),
-#: unfused attention per score (heads x queries x keys).
+#: gradient), the MLP's backward per token x its width (float32 copies of its intermediates, LoRA's among them;
+#: the rule sizes attention's projections alike), unfused attention per score (heads x queries x keys).
 HEAD_BYTES, MLP_BYTES, SCORE_BYTES = 6, 34, 7
 #: The loss head's default: ``ceil(vocabulary / (HEAD_RATIO x hidden))`` chunks at most (see :func:`head_tokens`).
 HEAD_RATIO = 8
@@ -193,6 +201,9 @@ class Chunks:
             attention past what MLX's fused backward takes, in fused chunks.
         mlp: a block's MLP's tokens per chunk (:func:`mlp_tokens`).
         scan: a recurrence's tokens per chunk (gated delta, state-space scans).
+        projections: the tokens per chunk of attention's projections (a
+            child named as in :data:`PROJECTIONS`); ``"auto"`` sizes each as
+            :func:`mlp_tokens` sizes an MLP, of the projection's width.
 
     Example:
         >>> nv.chunk_layers(model, nv.Chunks(mlp=1024, attention=None))
@@ -202,6 +213,7 @@ class Chunks:
     attention: Setting = AUTO
     mlp: Setting = AUTO
     scan: Setting = AUTO
+    projections: Setting = AUTO
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -214,7 +226,7 @@ class Chunks:
 
         Example:
             >>> Chunks.from_settings(mlp=0, attention="auto", head=None)
-            Chunks(head='auto', attention='auto', mlp=None, scan='auto')
+            Chunks(head='auto', attention='auto', mlp=None, scan='auto', projections='auto')
         """
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(settings) - names
@@ -229,8 +241,9 @@ def _is_off(value: object) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
-class _MLP:
-    """The MLP's chunk, asked at each call: a size, or :func:`mlp_tokens` of the call's sizes."""
+class _TokenWise:
+    """The chunk of a module that treats tokens independently (an MLP, a projection), asked at each call: a
+    size, or :func:`mlp_tokens` of the call's sizes and the module's width."""
 
     setting: int | str
     blocks: int
@@ -244,8 +257,8 @@ class _MLP:
 
 
 def _width(module: nn.Module) -> int:
-    """The widest output of ``module``'s layers (an MLP's hidden width): the largest first dimension of
-    its ``weight`` arrays (a quantized layer's too: packed along its input)."""
+    """The widest output of ``module``'s layers (an MLP's hidden width, a projection's output): the largest
+    first dimension of its ``weight`` arrays (a quantized layer's too: packed along its input)."""
     weights = dict(tree_flatten(module.parameters()))
     widths = [v.shape[0] for k, v in weights.items() if k.endswith("weight") and v.ndim == 2]
     return max(widths, default=1)
@@ -315,7 +328,9 @@ def chunk_layers(
     In each block (and the modules inside it): attention in chunks of queries
     (``chunks.attention``), the feed-forward module (a child named as in
     :data:`FEED_FORWARD`) checkpointed in chunks of tokens (``chunks.mlp``),
-    and the functions ``routes`` names computed as they say. Nothing outside
+    attention's projections (children named as in :data:`PROJECTIONS`) the
+    same way (``chunks.projections``), and the functions ``routes`` names
+    computed as they say. Nothing outside
     the blocks changes: the modules' own calls see the chunked functions
     (:func:`nuvec_mlx.nn.reroute`). Values and gradients are the unchunked
     ones, up to the order of sums. Checkpoint the blocks too
@@ -349,12 +364,13 @@ def chunk_layers(
     for block in blocks:
         for module in block.modules():
             changed += nv_nn.reroute(module, _routes(module, chunks, extra, len(blocks)) if enable else {})
-        mlp = feed_forward(block)
-        if mlp is not None:
-            rule = _MLP(chunks.mlp, len(blocks)) if enable and chunks.mlp is not None else None
-            before = type(mlp)
-            nv_nn.in_chunks(mlp, rule, enable=rule is not None)
-            changed += type(mlp) is not before
+        parts = [(feed_forward(block), chunks.mlp), *((p, chunks.projections) for p in projections(block))]
+        for part, setting in parts:
+            if part is not None:
+                rule = _TokenWise(setting, len(blocks)) if enable and setting is not None else None
+                before = type(part)
+                nv_nn.in_chunks(part, rule, enable=rule is not None)
+                changed += type(part) is not before
     return changed
 
 
@@ -365,6 +381,12 @@ def _routes(module: nn.Module, chunks: Chunks, extra: dict[str, Any], blocks: in
     names = _reroute.names_read(cls)
     found.update({name: route for name, route in extra.items() if name in names})
     return found
+
+
+def projections(block: nn.Module) -> list[nn.Module]:
+    """Attention's projections in ``block``: the children named as in :data:`PROJECTIONS` of its modules."""
+    _validate.check_module(block, "block")
+    return [c for m in block.modules() for name in PROJECTIONS if isinstance(c := m.get(name), nn.Module)]
 
 
 def feed_forward(block: nn.Module) -> nn.Module | None:

@@ -80,11 +80,11 @@ def batch(tokens: int):
     return ids, mx.array([[0, tokens]])
 
 
-def gradients(model, setting, tokens):
+def gradients(model, setting, tokens, projections=None):
     """The loss and gradients of a step with every block checkpointed, attention chunked as ``setting`` says
-    (the MLP whole), and the kinds of the step's stages."""
+    and attention's projections as ``projections`` (the MLP whole), and the kinds of the step's stages."""
     nv.checkpoint_layers(model)
-    nv.chunk_layers(model, nv.Chunks(attention=setting, mlp=None))
+    nv.chunk_layers(model, nv.Chunks(attention=setting, mlp=None, projections=projections))
     step = nv.TrainingStep(model, default_loss, compile=False)
     with nv.memory.timeline() as timeline:
         ((loss, _), grads) = step(*batch(tokens))
@@ -194,7 +194,8 @@ def test_chunks_settings_are_checked_and_zero_from_a_command_line_is_none():
     with pytest.raises(ValueError, match="mlp must be >= 1, got -2"):
         nv.Chunks(mlp=-2)
     with pytest.raises(
-        TypeError, match=r"Chunks has the settings \['attention', 'head', 'mlp', 'scan'\], got \['loss'\]"
+        TypeError,
+        match=r"Chunks has the settings \['attention', 'head', 'mlp', 'projections', 'scan'\], got \['loss'\]",
     ):
         nv.Chunks.from_settings(loss=8)
 
@@ -255,7 +256,7 @@ def test_auto_chunks_a_long_sequence_s_mlp_and_leaves_a_short_one_whole(monkeypa
     assert nv.chunking.mlp_tokens(32, 32, 64, blocks=2, backend="cpu") is None
     model = MODELS["llama"]()
     nv.checkpoint_layers(model)
-    nv.chunk_layers(model, nv.Chunks(attention=None))
+    nv.chunk_layers(model, nv.Chunks(attention=None, projections=None))
     step = nv.TrainingStep(model, default_loss, compile=False)
     counts = []
     for tokens in (32, 256):
@@ -263,3 +264,25 @@ def test_auto_chunks_a_long_sequence_s_mlp_and_leaves_a_short_one_whole(monkeypa
             step(*batch(tokens))
         counts.append([r.kind for r in timeline.readings].count("chunk"))
     assert counts[1] - counts[0] == 2 * 2 * 8, counts  # 2 blocks, forward and backward, 8 chunks each
+
+
+@pytest.mark.parametrize("arch", list(MODELS))
+def test_projections_in_chunks_have_the_unchunked_loss_and_gradients(arch):
+    """Attention's projections (q_proj, k_proj, v_proj, o_proj) checkpointed in chunks of 8 of 32 tokens: each
+    one's 4 chunks a stage in its forward and its backward pass, and the same loss and gradients."""
+    model = MODELS[arch]()
+    found = sum(len(nv.chunking.projections(b)) for b in model.layers)
+    loss, grads, kinds = gradients(model, None, 32)
+    chunked_loss, chunked_grads, chunked_kinds = gradients(model, None, 32, projections=8)
+    assert found >= 4 * len(model.layers) and chunked_kinds.count("chunk") - kinds.count("chunk") == found * 4 * 2
+    assert_close(chunked_loss, loss, 1e-6)
+    assert_close(chunked_grads, grads, 2e-5)
+    assert not any(nv.is_checkpointed(p) for b in model.layers for p in nv.chunking.projections(b))  # undone
+
+
+def test_auto_chunks_a_long_sequence_s_projections_and_leaves_a_short_one_whole(monkeypatch):
+    """The projections' rule is the MLP's, of each projection's width: with the CPU's least work per chunk
+    lowered to this model's size, chunks at 256 tokens, none at 32."""
+    monkeypatch.setitem(nv.chunking.MLP_MIN_WORK, "cpu", 32 * 32 * 32)
+    counts = [gradients(MODELS["llama"](), None, tokens, projections="auto")[2].count("chunk") for tokens in (32, 256)]
+    assert counts[0] == 0 and counts[1] >= 2 * 4 * 2 * 2, counts  # 2 blocks, 4 projections, 2 chunks or more

@@ -459,6 +459,12 @@ CATALOGUE = [
         r"^block must be an mlx.nn.Module, got list$",
     ),
     (
+        "chunking.projections: block not a module",
+        lambda: nv.chunking.projections("block"),
+        TypeError,
+        r"^block must be an mlx.nn.Module, got str$",
+    ),
+    (
         "mlx_lm.checkpointed_blocks: chunks not Chunks",
         lambda: enter(nvlm.checkpointed_blocks(BLOCKS, {"mlp": 8})),
         TypeError,
@@ -956,7 +962,7 @@ PUBLIC = [
             "chunking",
         )
     ),
-    *(f"chunking.{n}" for n in ("feed_forward", "head_tokens", "mlp_tokens")),
+    *(f"chunking.{n}" for n in ("feed_forward", "head_tokens", "mlp_tokens", "projections")),
     *(f"memory.{n}" for n in nv.memory.__all__ if n[0].islower()),
     *(f"mlx_lm.{n}" for n in nvlm.__all__ if n[0].islower()),
     "losses.cross_entropy",

@@ -88,7 +88,7 @@ def test_help_and_banner_say_it_is_nuvec_s(folder, data, tmp_path, eager, capsys
     helped = capsys.readouterr().out
     assert info.value.code == 0 and helped.startswith("usage: nuvec-mlx-lora")
     assert "nuvec's mlx_lm.lora" in " ".join(helped.split())
-    for flag in ("--stages-ahead", "--attention-chunk", "--loss-chunk", "--mlp-chunk", "--plan"):
+    for flag in ("--stages-ahead", "--attention-chunk", "--loss-chunk", "--mlp-chunk", "--projection-chunk", "--plan"):
         assert flag in helped
     nvlm.main(args(folder, data, tmp_path, "--grad-checkpoint", "--iters", 1))
     printed = ANSI.sub("", capsys.readouterr().out)
@@ -104,6 +104,7 @@ def test_help_and_banner_say_it_is_nuvec_s(folder, data, tmp_path, eager, capsys
         ("--attention-chunk", 64),
         ("--loss-chunk", 0),
         ("--mlp-chunk", 8),
+        ("--projection-chunk", 16),
         ("--plan", "plan.json"),
     ],
 )
@@ -156,7 +157,9 @@ def test_a_plan_of_nuvec_mlx_plan_checkpoints_the_blocks_it_names_and_trains_as_
     assert ours == losses(capsys.readouterr().out) and len(ours) == 2
 
 
-@pytest.mark.parametrize("flag", ["--attention-chunk", "--mlp-chunk", "--loss-chunk", "--scan-chunk"])
+@pytest.mark.parametrize(
+    "flag", ["--attention-chunk", "--mlp-chunk", "--projection-chunk", "--loss-chunk", "--scan-chunk"]
+)
 def test_a_plan_refuses_a_chunk_flag_it_was_not_measured_with(folder, data, saved_plan, tmp_path, flag, capsys):
     with pytest.raises(SystemExit) as info:
         nvlm.main(args(folder, data, tmp_path, "--grad-checkpoint", "--plan", saved_plan, flag, 8))
@@ -283,6 +286,7 @@ def test_a_plan_made_for_another_run_is_refused_before_training_naming_both(
         ("attention_chunk", "lots", "expected auto or an int >= 0, got 'lots'"),
         ("stages_ahead", -1, "expected an int >= 0, got -1"),
         ("mlp_chunk", -3, "expected auto or an int >= 0, got -3"),
+        ("projection_chunk", 1.5, "expected auto or an int >= 0, got '1.5'"),
         ("loss_chunk", "x", "expected auto or an int >= 0, got 'x'"),
     ],
 )

@@ -34,11 +34,25 @@ DESCRIPTION = (
     "16 layers, or all of them on a model with fewer."
 )
 #: The flags that act on the checkpointed blocks, as config keys.
-NEED_GRAD_CHECKPOINT = ("stages_ahead", "attention_chunk", "loss_chunk", "mlp_chunk", "scan_chunk", "plan")
+NEED_GRAD_CHECKPOINT = (
+    "stages_ahead",
+    "attention_chunk",
+    "loss_chunk",
+    "mlp_chunk",
+    "projection_chunk",
+    "scan_chunk",
+    "plan",
+)
 #: The files of a ``--data`` folder, as mlx-lm reads them (``mlx_lm.tuner.datasets.load_local_dataset``).
 SPLITS = ("train", "valid", "test")
 #: Each chunk flag (as a config key) and the :class:`nuvec_mlx.Chunks` setting it gives.
-CHUNK_FLAGS = {"loss_chunk": "head", "attention_chunk": "attention", "mlp_chunk": "mlp", "scan_chunk": "scan"}
+CHUNK_FLAGS = {
+    "loss_chunk": "head",
+    "attention_chunk": "attention",
+    "mlp_chunk": "mlp",
+    "projection_chunk": "projections",
+    "scan_chunk": "scan",
+}
 
 Run = Callable[[argparse.Namespace], None]
 
@@ -221,13 +235,13 @@ def main(argv: list[str] | None = None) -> None:
     """The ``nuvec-mlx-lora`` command: ``mlx_lm.lora`` training with :func:`train`.
 
     It takes ``mlx_lm.lora``'s arguments and config files unchanged
-    (``--grad-checkpoint`` checkpoints every block with nuvec), and five more,
+    (``--grad-checkpoint`` checkpoints every block with nuvec), and seven more,
     each also a key of a config file, each needing ``--grad-checkpoint``:
     ``--stages-ahead N`` (``stages_ahead``), :func:`~nuvec_mlx.mlx_lm.train`'s
-    ``ahead``; ``--loss-chunk``, ``--attention-chunk``, ``--mlp-chunk`` and
-    ``--scan-chunk`` (``loss_chunk`` ...), its ``chunks``
-    (:class:`nuvec_mlx.Chunks`: the loss head's, attention's, the MLP's and
-    the recurrences' chunks): ``auto`` (the default), a size in tokens, or 0
+    ``ahead``; ``--loss-chunk``, ``--attention-chunk``, ``--mlp-chunk``,
+    ``--projection-chunk`` and ``--scan-chunk`` (``loss_chunk`` ...), its
+    ``chunks`` (:class:`nuvec_mlx.Chunks`: the loss head's, attention's, the
+    MLP's, attention's projections' and the recurrences' chunks): ``auto`` (the default), a size in tokens, or 0
     for none; ``--plan plan.json`` (``plan``),
     the blocks checkpointed as a plan of ``nuvec-mlx-plan --save`` says
     (:meth:`nuvec_mlx.Plan.apply` after mlx-lm's LoRA conversion) instead of
@@ -307,6 +321,14 @@ def step_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]:
             help="nuvec, with --grad-checkpoint: each block's MLP in chunks of this many tokens inside the "
             "checkpointed block (lower peak on long sequences, same computation); auto (the default) where the "
             "sequence is long enough for it to pay, 0 for none",
+        ),
+        parser.add_argument(
+            "--projection-chunk",
+            type=_chunk_setting,
+            default=None,
+            help="nuvec, with --grad-checkpoint: attention's projections (q_proj, k_proj, v_proj, o_proj) in "
+            "chunks of this many tokens inside the checkpointed block (LoRA's float32 products a chunk at a time); "
+            "auto (the default) where the sequence is long enough for it to pay, 0 for none",
         ),
         parser.add_argument(
             "--scan-chunk",

@@ -83,7 +83,7 @@ class NuvecStep:
 
 #: The tokens per chunk of ``nuvec-mlp-chunks``' MLPs: 4 chunks of a 2048-token sequence.
 MLP_CHUNK = 512
-UNCHUNKED = nv.Chunks(head=None, attention=None, mlp=None, scan=None)
+UNCHUNKED = nv.Chunks(head=None, attention=None, mlp=None, scan=None, projections=None)
 
 
 #: The strategies that run a :class:`nuvec_mlx.TrainingStep`, and how.
