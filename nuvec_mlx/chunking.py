@@ -2,7 +2,7 @@
 
 A checkpointed block keeps only its input between the forward and the
 backward pass; its backward pass then recomputes the whole block at once, and
-holds every activation of the block over the whole sequence. Three parts of a
+holds every activation of the block over the whole sequence. Four parts of a
 language model's step grow with the sequence beyond that, and each splits
 along it: the loss head (one chunk's logits at a time:
 :func:`nuvec_mlx.losses.cross_entropy`), attention where MLX trains it unfused
