@@ -9,11 +9,9 @@ it runs cuDNN's fused forward and backward for float16 and bfloat16 with head
 sizes that are multiples of 8 up to 128 and query lengths that are multiples
 of 128, and the fallback otherwise (float32 among them). The fallback holds
 the scores, batch x heads x queries x keys, and their softmax: a block's
-backward pass then holds tokens squared. Measured on an H100 (MLX 0.32.4),
-the fused backward also has a limit of its own: at 2^28 batch x heads x
-queries x head size (32 heads of 128 at 65,536 tokens) it asks for more
-memory than the card has, where 7/8 of that takes 3.4 GiB (see
-:data:`FUSED_LIMIT`).
+backward pass then holds tokens squared. The fused backward also has a limit
+of its own (:data:`FUSED_LIMIT`): past it, it asks for more memory than the
+card has.
 
 :func:`scaled_dot_product_attention` computes the same attention in chunks of
 queries (:func:`nuvec_mlx.checkpoint_chunks`), so that the forward and the
@@ -37,11 +35,10 @@ from .chunks import checkpoint_chunks
 
 #: The chunk setting that chunks where this backend trains attention unfused, or past :data:`FUSED_LIMIT`.
 AUTO = "auto"
-#: The most batch x heads x queries x head size handed to MLX's fused CUDA attention under a gradient. Measured
-#: on an H100 (MLX 0.32.4 CUDA; ``benchmarks/results/h100/2026-12-06-attention-backward/``), the fused
-#: backward of 1 x 32 heads x 65,536 queries x 128 (2^28) fails to allocate on an 80 GB card, where 57,344
-#: queries take 3.4 GiB and 16 heads x 65,536 queries (2^27) 1.9 GiB; keys do not count (32,768 queries against
-#: 65,536 keys take 2.5 GiB). Longer queries are computed in fused chunks of at most this many.
+#: The most batch x heads x queries x head size handed to MLX's fused CUDA attention under a gradient: on an H100
+#: (MLX 0.32.4; ``benchmarks/results/h100/2026-12-06-attention-backward/``) the fused backward fails to allocate
+#: at 2^28 (32 heads of 128 at 65,536 queries) and runs at 7/8 of that and at 2^27; the keys' length does not
+#: count. Longer queries are computed in fused chunks of at most this many.
 FUSED_LIMIT = 1 << 27
 #: cuDNN's fused backward takes query lengths that are multiples of this (MLX 0.32's ``use_fallback``).
 FUSED_MULTIPLE = 128

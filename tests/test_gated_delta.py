@@ -237,8 +237,7 @@ def test_chunks_and_blocks_default_to_their_gates_sizes(vector, monkeypatch):
 def test_memory_grows_linearly_with_the_sequence_far_below_mlx_lm_s():
     """A staged gradient step of the rule alone (4 value heads of 32, batch 1) at 512, 1024 and 2048 tokens (1, 2
     and 4 chunks of 8 blocks): at most 2.1x per doubling, and at 512 tokens under a quarter of mlx-lm's
-    per-token loop's rise. Measured 8.4, 10.0 and 12.4 MiB (a chunk's intermediates, then its state and the
-    inputs' gradients per chunk), mlx-lm's 37.5 MiB at 512 tokens."""
+    per-token loop's rise (a chunk's intermediates, then its state and the inputs' gradients per chunk)."""
 
     def measure(update, length):
         args = inputs(batch=1, length=length, dk=32, dv=32, state=False)[:7]
