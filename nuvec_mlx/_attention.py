@@ -9,9 +9,11 @@ it runs cuDNN's fused forward and backward for float16 and bfloat16 with head
 sizes that are multiples of 8 up to 128 and query lengths that are multiples
 of 128, and the fallback otherwise (float32 among them). The fallback holds
 the scores, batch x heads x queries x keys, and their softmax: a block's
-backward pass then holds tokens squared. The fused backward also has a limit
-of its own (:data:`FUSED_LIMIT`): past it, it asks for more memory than the
-card has.
+backward pass then holds tokens squared. The fused backward also has limits
+of its own (:data:`FUSED_LIMIT` on the queries, :data:`FUSED_KEY_LIMIT` on the
+keys where query heads share key-value heads): past them, it asks for more
+memory than the card has; attention past them is computed in fused chunks of
+queries and groups of heads.
 
 :func:`scaled_dot_product_attention` computes the same attention in chunks of
 queries (:func:`nuvec_mlx.checkpoint_chunks`), so that the forward and the
@@ -37,9 +39,16 @@ from .chunks import checkpoint_chunks
 AUTO = "auto"
 #: The most batch x heads x queries x head size handed to MLX's fused CUDA attention under a gradient: on an H100
 #: (MLX 0.32.4; ``benchmarks/results/h100/2026-12-06-attention-backward/``) the fused backward fails to allocate
-#: at 2^28 (32 heads of 128 at 65,536 queries) and runs at 7/8 of that and at 2^27; the keys' length does not
-#: count. Longer queries are computed in fused chunks of at most this many.
+#: at 2^28 (32 heads of 128 at 65,536 queries) and runs at 7/8 of that and at 2^27; up to 65,536 keys their
+#: length does not count (past that, :data:`FUSED_KEY_LIMIT`). Longer queries are computed in fused chunks of
+#: at most this many.
 FUSED_LIMIT = 1 << 27
+#: The most batch x query heads x keys x head size handed to MLX's fused CUDA attention under a gradient where
+#: query heads share key-value heads: on an H100 (MLX 0.32.4; the same results) 32 query heads over 8 key-value
+#: heads of 128 fail to allocate at 131,072 keys (2^29), from 1,024 queries up, and run at 98,304 keys; 16 over
+#: 8 run at 131,072 keys (2^28), and so do 32 over 32 (no sharing). Past it the heads are computed in groups
+#: (:func:`head_group`).
+FUSED_KEY_LIMIT = 1 << 28
 #: cuDNN's fused backward takes query lengths that are multiples of this (MLX 0.32's ``use_fallback``).
 FUSED_MULTIPLE = 128
 
@@ -58,6 +67,10 @@ def backend() -> str:
     if mx.default_device().type == mx.cpu:
         return "cpu"
     return "metal" if mx.metal.is_available() else "cuda"
+
+
+def _causal(mask: Any) -> bool:
+    return isinstance(mask, str) and mask == "causal"
 
 
 def trains_unfused(q: mx.array, k: mx.array, v: mx.array, causal: bool) -> bool:
@@ -95,12 +108,46 @@ def fused_size(q: mx.array) -> int | None:
     return max(FUSED_LIMIT // (batch * heads * head) // FUSED_MULTIPLE, 1) * FUSED_MULTIPLE
 
 
+def head_group(q: mx.array, k: mx.array) -> int | None:
+    """The query heads per fused call that keep fused attention within :data:`FUSED_KEY_LIMIT`, or ``None``
+    where every head goes in one call: whole sets of the query heads that share a key-value head."""
+    batch, heads, _, head = q.shape
+    kv_heads, keys = k.shape[1], k.shape[2]
+    if kv_heads == heads or batch * heads * keys * head <= FUSED_KEY_LIMIT:
+        return None
+    shared = heads // kv_heads
+    return max(FUSED_KEY_LIMIT // (batch * shared * keys * head), 1) * shared
+
+
+def _fast(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: Any, options: dict[str, Any]) -> mx.array:
+    """:func:`mlx.core.fast.scaled_dot_product_attention`; where it is fused past :data:`FUSED_KEY_LIMIT`, in groups
+    of query heads with their key-value heads (each head's attention is computed as in one call)."""
+    causal = _causal(mask)
+    group = None if q.ndim != 4 or trains_unfused(q, k, v, causal) else head_group(q, k)
+    if group is None:
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, **options)
+    shared, heads = q.shape[1] // k.shape[1], q.shape[1]
+    per_head = isinstance(mask, mx.array) and mask.ndim >= 3 and mask.shape[-3] == heads  # a mask per head
+    out = []
+    for start in range(0, heads, group):
+        h, kv = slice(start, start + group), slice(start // shared, (start + group) // shared)
+        sinks = options.get("sinks")
+        group_options = options if sinks is None else {**options, "sinks": sinks[h]}
+        group_mask = mask[..., h, :, :] if per_head else mask
+        out.append(
+            mx.fast.scaled_dot_product_attention(
+                q[:, h], k[:, kv], v[:, kv], scale=scale, mask=group_mask, **group_options
+            )
+        )
+    return mx.concatenate(out, axis=1)
+
+
 def auto_size(q: mx.array, k: mx.array, v: mx.array, mask: Any, unfused: int) -> int | None:
     """The queries per chunk of ``"auto"``: ``unfused`` where this backend trains the attention unfused,
     :func:`fused_size` where it is fused."""
     if q.ndim != 4:
         return None
-    causal = isinstance(mask, str) and mask == "causal"
+    causal = _causal(mask)
     return unfused if trains_unfused(q, k, v, causal) else fused_size(q)
 
 
@@ -154,8 +201,8 @@ def scaled_dot_product_attention(
     chunk = check(chunk, "chunk")
     size = None if options.get("stream") is not None else chunk_size(q, k, v, mask, chunk)
     if size is None:
-        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, **options)
-    causal = isinstance(mask, str) and mask == "causal"
+        return _fast(q, k, v, scale, mask, options)
+    causal = _causal(mask)
     q_len, k_len = q.shape[2], k.shape[2]
     rows = isinstance(mask, mx.array) and mask.ndim >= 2 and mask.shape[-2] == q_len  # the mask's query axis
 
@@ -163,7 +210,7 @@ def scaled_dot_product_attention(
         if causal:  # the keys up to the chunk's last query (the causal mask aligns to the last key)
             stop = chunk.stop + k_len - q_len
             k, v = k[:, :, :stop], v[:, :, :stop]
-        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, **options)
+        return _fast(q, k, v, scale, mask, options)
 
     in_axes = (2, None, None, -2 if rows else None)
     return checkpoint_chunks(attend, size=size, in_axes=in_axes, out_axes=2, slice_arg="chunk")(q, k, v, mask)

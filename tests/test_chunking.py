@@ -138,6 +138,33 @@ def test_auto_chunks_fused_attention_past_mlx_fused_limit(monkeypatch):
     assert seen == [32768, None]
 
 
+def test_fused_attention_past_mlx_key_limit_runs_in_groups_of_heads_with_the_same_values_and_gradients(monkeypatch):
+    """On CUDA, 32 query heads sharing 8 key-value heads of 128 at 131,072 keys are past what MLX's fused backward
+    allocates: 16 query heads (4 key-value heads) per call; at 65,536 keys, or with no heads shared, one call.
+    Computed so on the CPU (the fused path taken, with a small limit): the values and gradients of one call."""
+    assert _attention.head_group(mx.zeros((1, 32, 8192, 128)), mx.zeros((1, 8, 131072, 128))) == 16
+    assert _attention.head_group(mx.zeros((1, 32, 8192, 128)), mx.zeros((1, 8, 65536, 128))) is None
+    assert _attention.head_group(mx.zeros((1, 32, 8192, 128)), mx.zeros((1, 32, 131072, 128))) is None
+    monkeypatch.setattr(_attention, "trains_unfused", lambda *args: False)
+    monkeypatch.setattr(_attention, "FUSED_KEY_LIMIT", 4 * 64 * 16)  # 4 query heads of 16 over 64 keys per call
+    q, k, v = (mx.random.normal((1, h, 64, 16), key=mx.random.key(h)) for h in (8, 2, 3))
+    v = v[:, :2]
+    sinks, per_head = mx.random.normal((8,), key=mx.random.key(4)), mx.random.normal((8, 64, 64), key=mx.random.key(5))
+    fast, calls = mx.fast.scaled_dot_product_attention, []
+    monkeypatch.setattr(
+        mx.fast, "scaled_dot_product_attention", lambda *a, **o: calls.append(a[0].shape) or fast(*a, **o)
+    )
+    for mask, options in (("causal", {}), (per_head, {}), (None, {"sinks": sinks})):
+
+        def loss(q, k, v, attention, mask=mask, options=options):
+            return (attention(q, k, v, scale=0.25, mask=mask, **options) ** 2).sum()
+
+        calls.clear()
+        grouped = mx.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v, nv.scaled_dot_product_attention)
+        assert calls == [(1, 4, 64, 16)] * 2, calls
+        assert_close(grouped, mx.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v, fast), rtol=1e-5)
+
+
 def test_auto_leaves_attention_whole_where_it_is_fused(monkeypatch):
     model = MODELS["llama"]()
     monkeypatch.setattr(_attention, "trains_unfused", lambda *args: False)
