@@ -192,9 +192,9 @@ class TrainingStep:
         do_update = (self.calls + 1) % self.accumulate == 0
         args = (batch, kwargs, self._grad, do_update)
         fresh = self._retracing() or _pytree.signature(args) not in self._signatures
-        # A call that traces (the first, or one with new shapes), or one under a ceiling, may stop
-        # part-way: it puts the state back as it was before the call, also before a first trace makes
-        # the optimizer's state. (A trace that raises leaves MLX's placeholders in the state.)
+        # A trace (the first call, or one with new shapes) that raises, or a call a ceiling stops, puts the
+        # state back as it was before the call, also before a first trace makes the optimizer's state. (A
+        # trace that raises leaves MLX's placeholders in the state.)
         undo = self.snapshot() if fresh or _ceiling.current() is not None else None
         try:
             (value, grad), stages = self._trace()(*args)
@@ -202,6 +202,11 @@ class TrainingStep:
             if undo is not None:
                 undo()
             raise
+        if _ceiling.current() is None:
+            # Traced: held through the evaluation, the state as it was would stay alive beside the updated
+            # one until the step ends (a first step's peak above every later one's by up to the trainable
+            # parameters and their optimizer state).
+            undo = None
         outputs = [value] if self.optimizer is not None else [value, grad]
         dispatched = time.perf_counter()
         evaluate.staged(

@@ -241,6 +241,27 @@ def test_a_first_call_that_raises_leaves_the_model_optimizer_and_random_key_as_t
     assert nv.TrainingStep(model, loss_fn, optimizer, compile=compiled_step)(x, y).item() > 0  # trains on
 
 
+@pytest.mark.parametrize("compiled_step", [True, False], ids=["compiled", "eager"])
+def test_a_first_step_peaks_no_higher_than_the_steps_after_it(compiled, compiled_step):
+    """The state as it was before a first call, kept to put back a trace that raises, was held through the
+    call's evaluation too: the old weights and moments stayed alive beside the new ones until the step ended
+    (a resumed run's first step rose 18.6 MiB, the next ones 2.1-4.1, with 18 MiB of weights and moments)."""
+    mx.random.seed(0)
+    model, x, y = Blocks(blocks=6, dim=256), mx.random.normal((8, 256)), mx.random.normal((8, 256))
+    optimizer = optim.Adam(1e-3)
+    optimizer.init(model.trainable_parameters())  # as a resumed run sets it
+    mx.eval(model.parameters(), optimizer.state, x, y)
+    nv.checkpoint_layers(model)
+    state = sum(v.nbytes for v in parameters(model)) + sum(v.nbytes for _, v in tree_flatten(optimizer.state))
+    step = nv.TrainingStep(model, loss_fn, optimizer, compile=compiled_step)
+    rises = []
+    for _ in range(4):
+        with nv.memory.measure() as m:
+            step(x, y)
+        rises.append(m.rise)
+    assert rises[0] <= max(rises[1:]) + state / 4, (rises, state)
+
+
 def test_a_loss_that_is_not_a_scalar_says_so():
     model, x, y = case()
     step = nv.TrainingStep(model, _not_a_scalar, optim.SGD(1e-2))
