@@ -70,7 +70,9 @@ class Compiled:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # A call that traces (the first, or one with new shapes) and raises leaves MLX's placeholders in
-        # the state it reads: it puts the state back. Under a ceiling, an evaluation stopped part-way too.
+        # the state it reads: it puts the state back. Under a ceiling, an evaluation stopped part-way too;
+        # outside one the state as it was is not handed on to the evaluation, where it would stay alive
+        # beside the updated state until the step ends.
         signature = _pytree.signature((args, kwargs))
         fresh = signature not in self._signatures
         undo = self._snapshot() if fresh or _ceiling.current() is not None else None
@@ -82,7 +84,7 @@ class Compiled:
             raise
         self._signatures.add(signature)
         results = _pytree.arrays([out, self._outputs])
-        _registry.hand_on(results, stages, undo)
+        _registry.hand_on(results, stages, undo if _ceiling.current() is not None else None)
         return out
 
     def call_staged(self, *args: Any, **kwargs: Any) -> tuple[Any, list[mx.array]]:
