@@ -128,10 +128,9 @@ def _fast(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: Any, option
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, **options)
     shared, heads = q.shape[1] // k.shape[1], q.shape[1]
     per_head = isinstance(mask, mx.array) and mask.ndim >= 3 and mask.shape[-3] == heads  # a mask per head
-    out = []
+    sinks, out = options.get("sinks"), []
     for start in range(0, heads, group):
         h, kv = slice(start, start + group), slice(start // shared, (start + group) // shared)
-        sinks = options.get("sinks")
         group_options = options if sinks is None else {**options, "sinks": sinks[h]}
         group_mask = mask[..., h, :, :] if per_head else mask
         out.append(
