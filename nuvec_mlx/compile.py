@@ -75,7 +75,8 @@ class Compiled:
         # beside the updated state until the step ends.
         signature = _pytree.signature((args, kwargs))
         fresh = signature not in self._signatures
-        undo = self._snapshot() if fresh or _ceiling.current() is not None else None
+        stoppable = _ceiling.current() is not None
+        undo = self._snapshot() if fresh or stoppable else None
         try:
             out, stages = self.call_staged(*args, **kwargs)
         except BaseException:
@@ -84,7 +85,7 @@ class Compiled:
             raise
         self._signatures.add(signature)
         results = _pytree.arrays([out, self._outputs])
-        _registry.hand_on(results, stages, undo if _ceiling.current() is not None else None)
+        _registry.hand_on(results, stages, undo if stoppable else None)
         return out
 
     def call_staged(self, *args: Any, **kwargs: Any) -> tuple[Any, list[mx.array]]:

@@ -195,14 +195,15 @@ class TrainingStep:
         # A trace (the first call, or one with new shapes) that raises, or a call a ceiling stops, puts the
         # state back as it was before the call, also before a first trace makes the optimizer's state. (A
         # trace that raises leaves MLX's placeholders in the state.)
-        undo = self.snapshot() if fresh or _ceiling.current() is not None else None
+        stoppable = _ceiling.current() is not None
+        undo = self.snapshot() if fresh or stoppable else None
         try:
             (value, grad), stages = self._trace()(*args)
         except BaseException:
             if undo is not None:
                 undo()
             raise
-        if _ceiling.current() is None:
+        if not stoppable:
             # Traced: held through the evaluation, the state as it was would stay alive beside the updated
             # one until the step ends (a first step's peak above every later one's by up to the trainable
             # parameters and their optimizer state).
