@@ -127,8 +127,8 @@ def assert_met_as_predicted(plan, budget: int) -> None:
     assert plan.fits and plan.measured <= budget, str(plan)
     # Every plan verifies its choice as it runs (so that memory held since an earlier plan counts): at a
     # budget of the unchecked step's own need, that step measured again may peak above it by its own
-    # noise under load (its profiled repeats, one stage each, show little of it: 0.03 MiB apart in a quiet
-    # run), and a mix is chosen; what is bounded is the planner's reckoning, its corrections of its mixes.
+    # noise under load (its profiled repeats, one stage each, show little of it), and a mix is chosen;
+    # what is bounded is the planner's reckoning, its corrections of the mixes it chose.
     assert len([c for c in plan.corrections if set(c[0]) != {"plain"}]) <= 1, str(plan)
     throttle = nv.memory.current_throttle()
     for *_, measured in plan.corrections:
