@@ -364,12 +364,14 @@ def chunk_layers(
     for block in blocks:
         for module in block.modules():
             changed += nv_nn.reroute(module, _routes(module, chunks, extra, len(blocks)) if enable else {})
-        parts = [(feed_forward(block), chunks.mlp), *((p, chunks.projections) for p in projections(block))]
-        for part, setting in parts:
+        # The MLP's output only joins the residual sum: its chunks are left out of the block's recomputation.
+        # The projections' outputs are read there (by attention, the residual): each chunk a stage of its own.
+        parts = [(feed_forward(block), chunks.mlp, True), *((p, chunks.projections, False) for p in projections(block))]
+        for part, setting, lazy in parts:
             if part is not None:
                 rule = _TokenWise(setting, len(blocks)) if enable and setting is not None else None
                 before = type(part)
-                nv_nn.in_chunks(part, rule, enable=rule is not None)
+                nv_nn.in_chunks(part, rule, enable=rule is not None, lazy_in_recompute=lazy)
                 changed += type(part) is not before
     return changed
 

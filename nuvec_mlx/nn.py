@@ -30,7 +30,8 @@ from .chunks import checkpoint_chunks
 ChunkSize = int | Callable[[nn.Module, mx.array], int | None]
 
 _subclasses: dict[tuple, type[nn.Module]] = {}
-#: The attribute a checkpointed class keeps its settings under: (the class beneath, policy, chunk, link).
+#: The attribute a checkpointed class keeps its settings under: (the class beneath, policy, chunk, link, lazy):
+#: ``lazy`` is ``lazy_in_recompute`` of a module in chunks (:func:`checkpoint_module`).
 _KEY = "_nuvec_checkpoint"
 _segments = itertools.count()  # each call of checkpoint_layers with segments makes its own
 
@@ -40,10 +41,12 @@ def _checkpointed_class(
     policy: policies.Policy | None = None,
     chunk: ChunkSize | None = None,
     link: Link | None = None,
+    lazy: bool = True,
 ) -> type[nn.Module]:
-    """The cached subclass of ``cls`` whose ``__call__`` runs checkpointed with ``policy``, or in chunks, or
-    as a block of a segment (``link``)."""
-    key = (cls, policy, chunk, link)
+    """The cached subclass of ``cls`` whose ``__call__`` runs checkpointed with ``policy``, or in chunks (whose
+    forward pass a checkpoint's recomputation leaves to MLX where ``lazy``), or as a block of a segment
+    (``link``)."""
+    key = (cls, policy, chunk, link, lazy)
     if key not in _subclasses:
         transform = functools.partial(linked, policy=policy, captured="differentiate", link=link)
 
@@ -51,14 +54,14 @@ def _checkpointed_class(
             # The class beneath's __call__, bound: self and what its code reaches are captured.
             body = cls.__call__.__get__(self)
             if chunk is not None:
-                return _in_chunks(self, body, chunk, args, kwargs)
+                return _in_chunks(self, body, chunk, lazy, args, kwargs)
             return _calls.call_flat(transform, _policies.offering_layers(body, policy), args, kwargs)
 
         def __reduce_ex__(self, protocol: int) -> tuple:
             # Pickled by reference to the original class and the routes (the subclasses are
             # made at run time, pickle could not find them), and made again on load.
             original, routes, _ = _layers(self)
-            made = (original, tuple(sorted(routes.items())), policy, chunk, link)
+            made = (original, tuple(sorted(routes.items())), policy, chunk, link, lazy)
             return (_new_checkpointed, made, *object.__reduce_ex__(self, protocol)[2:])
 
         # type() with three arguments is typed as making a type; it makes a subclass of cls.
@@ -118,8 +121,11 @@ def restoring(modules: Sequence[nn.Module]) -> Iterator[None]:
             m.__class__ = cls
 
 
-def _in_chunks(module: nn.Module, call: Callable[..., Any], chunk: ChunkSize, args: tuple, kwargs: dict) -> Any:
-    """``call(*args, **kwargs)`` checkpointed in chunks of ``chunk`` along axis 1 of its first argument;
+def _in_chunks(
+    module: nn.Module, call: Callable[..., Any], chunk: ChunkSize, lazy: bool, args: tuple, kwargs: dict
+) -> Any:
+    """``call(*args, **kwargs)`` checkpointed in chunks of ``chunk`` along axis 1 of its first argument (``lazy``:
+    :func:`nuvec_mlx.checkpoint_chunks`'s ``lazy_in_recompute``);
     as it is, neither chunked nor checkpointed, where that is one chunk (checkpointed, a lone chunk holds
     more than the plain call) or where a rule says ``None``."""
     if not args or not isinstance(args[0], mx.array) or args[0].ndim < 2:
@@ -132,7 +138,7 @@ def _in_chunks(module: nn.Module, call: Callable[..., Any], chunk: ChunkSize, ar
     if size is None or args[0].shape[1] <= size:
         return call(*args, **kwargs)
     axes = [1, *[None] * (len(args) - 1)]
-    return checkpoint_chunks(call, size=size, in_axes=axes, lazy_in_recompute=True)(*args, **kwargs)
+    return checkpoint_chunks(call, size=size, in_axes=axes, lazy_in_recompute=lazy)(*args, **kwargs)
 
 
 def _new_checkpointed(
@@ -141,10 +147,11 @@ def _new_checkpointed(
     policy: policies.Policy | None,
     chunk: ChunkSize | None,
     link: Link | None = None,
+    lazy: bool = True,
 ) -> nn.Module:
     """An empty checkpointed instance of ``original`` rerouted with ``routes``, for pickle and copy to fill."""
     beneath = _reroute.rerouted_class(original, dict(routes)) if routes else original
-    sub = _checkpointed_class(beneath, policy, chunk, link)
+    sub = _checkpointed_class(beneath, policy, chunk, link, lazy)
     return sub.__new__(sub)
 
 
@@ -185,6 +192,7 @@ def checkpoint_module(
     enable: bool = True,
     policy: policies.Policy | None = None,
     chunk: int | None = None,
+    lazy_in_recompute: bool = True,
 ) -> nn.Module:
     """Checkpoint one module instance (in place); ``enable=False`` undoes it.
 
@@ -197,9 +205,11 @@ def checkpoint_module(
     batch x tokens x features): one chunk's intermediates are alive at a time,
     in its forward and its backward pass. This is for modules that treat
     tokens independently, such as a transformer block's MLP. Nested inside a
-    checkpointed block it costs no computation: the block's recomputation no
-    longer needs the module's forward pass, which the chunks' recomputation
-    replaces. There it bounds what the block's backward pass holds.
+    checkpointed block it costs no computation where the block's backward
+    pass does not read the module's output (an MLP's only joins the residual
+    sum): the block's recomputation no longer needs the module's forward
+    pass, which the chunks' recomputation replaces. There it bounds what the
+    block's backward pass holds.
     An input of no more than ``chunk`` tokens runs the module as it is,
     neither chunked nor checkpointed (checkpointed as one chunk, it would
     hold more than the plain call).
@@ -213,6 +223,14 @@ def checkpoint_module(
             layers, named values); ``None`` keeps none.
         chunk: ``None`` (the module whole), or the tokens per chunk (an int
             >= 1; ``policy`` must then be ``None``).
+        lazy_in_recompute: with ``chunk``, inside a checkpointed block's
+            recomputation, leave the chunks' forward pass to MLX (True: an
+            MLP, whose output only joins the residual sum, is then not
+            computed there), or make each chunk a stage (False: for a module
+            whose output the block's backward pass reads, such as attention's
+            projections, so that the recomputed chunks are computed one at
+            a time and not all in one stage);
+            :func:`nuvec_mlx.checkpoint_chunks`'s argument of that name.
 
     Returns:
         ``module`` itself.
@@ -233,11 +251,16 @@ def checkpoint_module(
     policy = _policies.check_policy(policy)
     if chunk is not None:
         _validate.check_int(chunk, "chunk", minimum=1)
-    return in_chunks(module, chunk, enable, policy)
+    _validate.check_bool(lazy_in_recompute, "lazy_in_recompute")
+    return in_chunks(module, chunk, enable, policy, lazy_in_recompute)
 
 
 def in_chunks(
-    module: nn.Module, chunk: ChunkSize | None, enable: bool = True, policy: policies.Policy | None = None
+    module: nn.Module,
+    chunk: ChunkSize | None,
+    enable: bool = True,
+    policy: policies.Policy | None = None,
+    lazy_in_recompute: bool = True,
 ) -> nn.Module:
     """:func:`checkpoint_module` of checked arguments, ``chunk`` also a rule (:data:`ChunkSize`)."""
     if chunk is not None and policy is not None:
@@ -245,7 +268,7 @@ def in_chunks(
     if enable:
         _check_has_call(module, "module")
     original, routes, _ = _layers(module)
-    _assemble(module, routes, (original, policy, chunk, None) if enable else None)
+    _assemble(module, routes, (original, policy, chunk, None, lazy_in_recompute) if enable else None)
     return module
 
 
@@ -345,9 +368,8 @@ def checkpoint_layers(
             _check_has_call(block, f"layers[{i}]")  # before any block is wrapped
     if size > 1 and enable:
         key = next(_segments)
-        return sum(
-            _assemble(b, _layers(b)[1], (_layers(b)[0], None, None, (key, i % size))) for i, b in enumerate(blocks)
-        )
+        keys = [(_layers(b)[0], None, None, (key, i % size), True) for i, b in enumerate(blocks)]
+        return sum(_assemble(b, _layers(b)[1], k) for b, k in zip(blocks, keys, strict=True))
     count = 0
     for block in blocks[::every]:
         before = type(block)

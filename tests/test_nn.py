@@ -137,9 +137,9 @@ def test_lora_only_adapters_train():
     assert_close(grads(m, x), g0, 1e-5)
 
 
-def chunk_mlps(model, chunk):
+def chunk_mlps(model, chunk, lazy_in_recompute=True):
     for layer in model.layers:
-        nv.checkpoint_module(layer.mlp, chunk=chunk)
+        nv.checkpoint_module(layer.mlp, chunk=chunk, lazy_in_recompute=lazy_in_recompute)
 
 
 @pytest.mark.parametrize("blocks", [True, False], ids=["inside checkpointed blocks", "alone"])
@@ -159,13 +159,19 @@ def test_mlps_checkpointed_in_chunks_give_the_same_values_and_gradients(blocks):
     assert_close(grads(c, x), g0, 1e-5)
 
 
-@pytest.mark.parametrize("chunk, stages", [(32, 0), (16, 8)], ids=["one chunk: as it is", "two chunks"])
-def test_a_module_in_chunks_runs_as_it_is_on_no_more_tokens_than_one_chunk(chunk, stages):
+@pytest.mark.parametrize(
+    "chunk, lazy, stages",
+    [(32, True, 0), (16, True, 8), (16, False, 12)],
+    ids=["one chunk: as it is", "two chunks", "two chunks, staged in the recomputation"],
+)
+def test_a_module_in_chunks_runs_as_it_is_on_no_more_tokens_than_one_chunk(chunk, lazy, stages):
     """On 32 tokens, chunks of 32 are the MLP as it is (a lone chunk held more); chunks of 16 are two stages
-    in each block's forward and backward pass."""
+    in each block's forward and backward pass, and in its recomputation too with ``lazy_in_recompute=False``
+    (a pickled model keeps the setting)."""
     m = make("llama")
     nv.checkpoint_layers(m)
-    chunk_mlps(m, chunk)
+    chunk_mlps(m, chunk, lazy)
+    m = pickle.loads(pickle.dumps(m))
     step = nv.TrainingStep(m, lambda m, x, y: nn.losses.cross_entropy(m(x), y, reduction="mean"), optim.SGD(0.1))
     x = mx.random.randint(0, 128, (2, 33))
     with nv.memory.timeline() as t:
@@ -207,6 +213,8 @@ def test_a_module_in_chunks_refuses_a_policy_and_an_input_it_cannot_split():
         nv.checkpoint_module(nn.Linear(2, 2), chunk=0)
     with pytest.raises(ValueError, match="chunk must be None with a policy"):
         nv.checkpoint_module(nn.Linear(2, 2), policy=nv.policies.save_matmuls, chunk=8)
+    with pytest.raises(TypeError, match="lazy_in_recompute must be a bool"):
+        nv.checkpoint_module(nn.Linear(2, 2), chunk=8, lazy_in_recompute=None)
     linear = nv.checkpoint_module(nn.Linear(2, 2), chunk=8)
     with pytest.raises(ValueError, match=r"must be an array of 2 or more dimensions, got shape \(2,\)"):
         linear(mx.zeros((2,)))
