@@ -368,8 +368,10 @@ def checkpoint_layers(
             _check_has_call(block, f"layers[{i}]")  # before any block is wrapped
     if size > 1 and enable:
         key = next(_segments)
-        keys = [(_layers(b)[0], None, None, (key, i % size), True) for i, b in enumerate(blocks)]
-        return sum(_assemble(b, _layers(b)[1], k) for b, k in zip(blocks, keys, strict=True))
+        return sum(
+            _assemble(b, routes(b), (original_class(b), None, None, (key, i % size), True))
+            for i, b in enumerate(blocks)
+        )
     count = 0
     for block in blocks[::every]:
         before = type(block)
