@@ -11,25 +11,12 @@ import random
 from pathlib import Path
 
 from mlx_lm.utils import save_config, save_model
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 from nuvec_mlx_bench import testing
+from nuvec_mlx_bench.testing import WORDS, write_tokenizer
 
-#: The words of the tiny tokenizer; with its four special tokens, the vocabulary of the test models.
-WORDS = [f"w{i}" for i in range(60)]
-SPECIAL = ["<pad>", "<unk>", "<s>", "</s>"]
-VOCAB = len(SPECIAL) + len(WORDS)
-
-
-def write_tokenizer(folder) -> None:
-    """A word-level tokenizer of :data:`WORDS`, saved as ``transformers`` saves one (mlx-lm loads it)."""
-    vocab = {t: i for i, t in enumerate(SPECIAL + WORDS)}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
-    ).save_pretrained(str(folder))
+#: The vocabulary of the test models: the tiny tokenizer's (:func:`nuvec_mlx_bench.testing.write_tokenizer`).
+VOCAB = testing.TOKENIZER_VOCAB
 
 
 def model_folder(

@@ -21,7 +21,7 @@ from nuvec_mlx import mlx_lm as nv_mlx_lm
 from nuvec_mlx.memory import MiB
 from nuvec_mlx_bench import testing
 from nuvec_mlx_bench.core import options
-from nuvec_mlx_bench.train import cases, command, lengths, long, long_report, report, trainers
+from nuvec_mlx_bench.train import cases, command, lengths, long, long_report, planner, report, trainers
 from nuvec_mlx_bench.train.cases import NUVEC_STEPS, STRATEGIES, Case, TrainWorkload
 
 TINY = TrainWorkload("llama", batch=2, seq=32, hidden=32, layers=2, vocab=64)
@@ -688,11 +688,14 @@ def test_a_length_stopped_under_a_smaller_memory_s_cap_is_measured_again_for_a_l
 @pytest.mark.slow
 def test_the_long_suite_searches_by_measuring_and_writes_its_files(tmp_path, capsys):
     argv = [*LONG_ARGV, "--modes", "lora", "--trainers", "nuvec", "--lengths", "64", "--steps", "2"]
-    argv += ["--memory", "3MiB", "--granularity", "64", "--max-length", "512", "--out", str(tmp_path)]
-    assert command.main(argv) == 0
+    argv += ["--memory", "3MiB", "--granularity", "64", "--max-length", "512", "--plan-length", "128"]
+    assert command.main([*argv, "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "results.json").read_text())
     (search,) = data["searches"]
     found = search["results"]["3MiB"]
+    planned = found["planner"]  # nuvec-mlx-plan --longest on the same folder: measured at 64, 96 and 128 tokens
+    assert [t for t, _ in planned["peaks"]] == [64, 96, 128] and planned["length"] == 128
+    assert planned["tokens"] > 128 and planned["seconds"] > 0  # extrapolated past what it measured
     runs = {r["length"]: r for r in data["runs"] if r["phase"] == "search" or r["length"] == 64}
     longest, over = runs[found["longest"]], runs[found["shortest_not_fitting"]]
     assert found["shortest_not_fitting"] == found["longest"] + 64
@@ -704,6 +707,7 @@ def test_the_long_suite_searches_by_measuring_and_writes_its_files(tmp_path, cap
     assert data["environment"]["command"].startswith("nuvec-mlx-bench-train --suite long")
     assert {"mlx_lm", "device", "backend"} <= set(data["environment"])
     assert "| 3MiB | " in capsys.readouterr().out and (tmp_path / "peak_vs_length.png").stat().st_size > 0
+    assert (tmp_path / "longest_vs_memory.png").stat().st_size > 0
 
 
 def test_the_long_report_writes_its_table_json_and_plot(tmp_path):
@@ -717,11 +721,15 @@ def test_the_long_report_writes_its_table_json_and_plot(tmp_path):
         long.record(at[128], mlx_lm, trainers.Outcome(trainers.CRASHED, error="exit status -9, no result"), "sweep"),
         long.record(at[128], nuvec, fake_outcome(MiB, [2 * MiB] * 3), "sweep"),
     ]
+    planned = {"tokens": 96, "peaks": [[32, MiB], [48, MiB], [64, 2 * MiB]], "seconds": 7.2, "length": 64}
     searches = [{"workload": runs[0]["workload"], "trainer": "mlx-lm", "results": {"4MiB": {
-        "memory": 4 * MiB, "longest": 64, "peak_in_all": 4 * MiB, "shortest_not_fitting": 128}}}]  # fmt: skip
+        "memory": 4 * MiB, "longest": 64, "peak_in_all": 4 * MiB, "shortest_not_fitting": 128}}},
+        {"workload": runs[0]["workload"], "trainer": "nuvec (mlp=32)", "results": {"4MiB": {
+        "memory": 4 * MiB, "longest": 128, "peak_in_all": 3 * MiB, "shortest_not_fitting": None,
+        "planner": planned}}}]  # fmt: skip
     results = {"environment": {"command": "c", "backend": "cpu", "device": "d", "mlx": "m", "blas": "b"}}
     written = long_report.write(tmp_path, {**results, "runs": runs, "searches": searches}, args)
-    assert [p.name for p in written] == ["results.json", "results.md", "peak_vs_length.png"]
+    assert [p.name for p in written] == ["results.json", "results.md", "peak_vs_length.png", "longest_vs_memory.png"]
     md = (tmp_path / "results.md").read_text().splitlines()
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in md if line.startswith("| llama")]
     assert len({line.count("|") for line in md if line.startswith("| ")}) == 2  # the two tables, each regular
@@ -731,8 +739,21 @@ def test_the_long_report_writes_its_table_json_and_plot(tmp_path):
         "4.00 (3.00–5.00)", "4.00", "ok",
     ]  # fmt: skip
     assert rows[2][-1] == "out of memory or crashed: exit status -9, no result"
-    assert ["mlx-lm", "4MiB", "64", "4.0", "128"] in [r[1:] for r in rows]
+    assert ["mlx-lm", "4MiB", "64", "4.0", "128", "", ""] in [r[1:] for r in rows]
+    assert ["4MiB", "128", "3.0", "", "96 (measured at 32, 48, 64; 7 s)", "0.75"] in [r[2:] for r in rows]
     assert json.loads((tmp_path / "results.json").read_text())["runs"][2]["status"] == trainers.CRASHED
+
+
+def test_the_planner_is_asked_with_the_runs_lora_and_nuvec_s_settings_as_its_flags(tmp_path):
+    nuvec = trainers.Trainer("nuvec", chunks=(("mlp", 512), ("attention", "auto")), ahead=0)
+    argv = planner.arguments(dataclasses.replace(LONG, batch=2), nuvec, tmp_path, 3 << 30, 4096, tmp_path / "c.json")
+    flags = {a: b for a, b in zip(argv, [*argv[1:], ""]) if a.startswith("-") and not b.startswith("--")}
+    assert flags["--max-seq-length"] == "4096" and flags["--budget"] == f"{3 << 30}B" and flags["--batch-size"] == "2"
+    assert flags["--mlp-chunk"] == "512" and flags["--attention-chunk"] == "auto" and flags["--stages-ahead"] == "0"
+    assert flags["--num-layers"] == "-1" and flags["--fine-tune-type"] == "lora" and "--longest" in argv
+    assert planner.plans(trainers.Trainer("nuvec")) and not planner.plans(trainers.Trainer("mlx-lm"))
+    with pytest.raises(ValueError, match="without segments, not nuvec \\(segment=sqrt\\)"):
+        planner.longest(LONG, trainers.Trainer("nuvec", segment="sqrt"), tmp_path, 1 << 30, 128)
 
 
 def test_qlora_s_model_is_quantized_as_mlx_lm_convert_does_and_lora_and_full_share_one(tmp_path):

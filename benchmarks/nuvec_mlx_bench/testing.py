@@ -17,7 +17,7 @@ functions that build its models):
   (:func:`mlx_lm_config`), or a public model's configuration
   (:data:`PUBLIC_CONFIGS`, :func:`public_config`), built by mlx-lm with its own
   random initialisation (:func:`mlx_lm_model`), with a batch of random tokens
-  (:func:`mlx_lm_batch`).
+  (:func:`mlx_lm_batch`); a tiny tokenizer for a model folder (:func:`write_tokenizer`).
 
 Example:
     >>> from nuvec_mlx_bench import testing
@@ -33,6 +33,7 @@ import importlib
 import io
 import math
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -719,6 +720,31 @@ def mlx_lm_batch(vocab: int, batch: int, seq: int, seed: int = 0) -> tuple[mx.ar
     _int(seed, "seed", minimum=0)
     tokens = mx.random.randint(0, vocab, (batch, seq + 1), key=mx.random.key(seed))
     return tokens, mx.array([[0, seq + 1]] * batch)
+
+
+#: The words of the tiny tokenizer (:func:`write_tokenizer`), and its special tokens before them.
+WORDS = [f"w{i}" for i in range(60)]
+SPECIAL = ["<pad>", "<unk>", "<s>", "</s>"]
+#: The tiny tokenizer's vocabulary.
+TOKENIZER_VOCAB = len(SPECIAL) + len(WORDS)
+
+
+def write_tokenizer(folder: str | Path) -> None:
+    """A word-level tokenizer of :data:`WORDS` in ``folder``, saved as ``transformers`` saves one: what
+    ``mlx_lm.utils.load`` needs beside a model's weights (the commands load a model with its tokenizer). Needs
+    ``transformers`` and ``tokenizers`` (mlx-lm's dependencies).
+
+    Example:
+        >>> write_tokenizer("./model")  # then mlx_lm.utils.load("./model") loads it
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.WordLevel({t: i for i, t in enumerate(SPECIAL + WORDS)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    ).save_pretrained(str(folder))
 
 
 @contextlib.contextmanager

@@ -13,7 +13,10 @@ measuring: doubling from the longest length measured to fit, then bisecting, eac
 ``--search-steps`` steps whose memory is capped at the memory plus :data:`CAP_MARGIN` of it (MLX's memory
 limit, and a guard that ends a probe as soon as MLX's memory passes the cap). The lengths the sweep
 measured count in the search. A run that runs out of memory is a result, not the end of the run.
-Writes ``results.json``, ``results.md`` and ``peak_vs_length.png`` into ``--out`` after every run.
+With ``--plan-length``, ``nuvec-mlx-plan --longest``'s answer to the same question stands beside each of
+nuvec's (:mod:`.planner`).
+Writes ``results.json``, ``results.md``, ``peak_vs_length.png`` and (after a search) ``longest_vs_memory.png``
+into ``--out`` after every run.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from tqdm import tqdm
 
 from .. import testing
 from ..core import environment, options
-from . import lengths, long_report, trainers
+from . import lengths, long_report, planner, trainers
 from .cases import MODES, TrainWorkload
 from .trainers import Outcome, RunSpec, Trainer
 
@@ -59,7 +62,10 @@ Runner = Callable[[RunSpec], Outcome]
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The suite's command line; a value no run can take is an error."""
     defaults = " ".join(f"--{k.replace('_', '-')} {v if v != '' else repr('')}" for k, v in DEFAULTS.items())
-    epilog = f"Defaults: {defaults} (--memory '': no search). Writes results.json, results.md, peak_vs_length.png."
+    epilog = (
+        f"Defaults: {defaults} (--memory '': no search). Writes results.json, results.md, peak_vs_length.png "
+        "and, with --memory, longest_vs_memory.png."
+    )
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0], epilog=epilog)
     p.add_argument("--suite", choices=["long"], default="long", help="this suite")
     p.add_argument("--configs", help=f"public configurations, comma-separated from {', '.join(testing.PUBLIC_CONFIGS)}")
@@ -98,6 +104,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--search-steps", type=options.positive, help="steps of each search probe, the first included")
     p.add_argument(
         "--search-from", type=options.positive, help="the search's first length (default: the sweep's shortest)"
+    )
+    p.add_argument(
+        "--plan-length",
+        type=options.positive,
+        help="beside each nuvec search, nuvec-mlx-plan --longest's answer for each memory, measured at a half, three "
+        "quarters and all of this many tokens, extrapolated (default: none)",
     )
     p.add_argument("--dtype", choices=testing.DTYPES, default="bfloat16", help="the weights' dtype")
     p.add_argument("--lora-rank", type=options.positive, default=8)
@@ -327,12 +339,24 @@ def run(argv: list[str] | None = None, runner: Runner | None = None) -> dict[str
 
                 known = sweep(w, args, folder, run_one, ended)
                 for t in args.trainer_list if args.searched else []:
-                    results["searches"].append(search_trainer(w, t, args, folder, known[t.label()], run_one, ended))
+                    found = search_trainer(w, t, args, folder, known[t.label()], run_one, ended)
+                    results["searches"].append(found)
+                    if args.plan_length and planner.plans(t):
+                        plan_beside(found, w, t, args, folder)
+                        long_report.write(args.out, results, args, partial=True)
     written = long_report.write(args.out, results, args)
     print("\n".join(long_report.table(results["runs"])))
     print("\n".join(long_report.search_table(results["searches"])))
     print(f"wrote {', '.join(p.name for p in written)} into {args.out}")
     return results
+
+
+def plan_beside(found: dict[str, Any], w: TrainWorkload, t: Trainer, args: argparse.Namespace, folder: Path) -> None:
+    """Add ``nuvec-mlx-plan --longest``'s answer (:func:`~nuvec_mlx_bench.train.planner.longest`, measured at up
+    to ``args.plan_length`` tokens) to each memory of ``found``, :func:`search_trainer`'s result, as ``planner``."""
+    for size, result in {} if "error" in found["results"] else found["results"].items():
+        tqdm.write(f"{found['workload']}: {found['trainer']}: nuvec-mlx-plan --longest for {size}", file=sys.stderr)
+        result["planner"] = planner.longest(w, t, folder, result["memory"], args.plan_length, timeout=args.run_timeout)
 
 
 def _model(w: TrainWorkload, cache: Path, models: list[dict]) -> Path:

@@ -1,4 +1,5 @@
-"""The long-sequence suite's outputs: its tables, JSON and the plot of the peak against the length.
+"""The long-sequence suite's outputs: its tables, JSON, and plots of the peak against the length and of the
+longest length that fits against the memory.
 
 Each run's step peak is set against the blocks' inputs, ``L x T x hidden x 2`` bytes (bf16): what a
 step that checkpoints every block keeps between its forward and backward passes, the checkpointed
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from nuvec_mlx.memory import MiB
 
@@ -105,12 +107,13 @@ def search_table(searches: list[dict]) -> list[str]:
     if not searches:
         return []
     lines = [
-        "| model | trainer | memory | longest tokens that fit | its peak in all MiB | shortest measured not to fit |",
-        "| --- " * 6 + "|",
+        "| model | trainer | memory | longest tokens that fit | its peak in all MiB | shortest measured not to fit "
+        "| nuvec-mlx-plan --longest | / the search's |",
+        "| --- " * 8 + "|",
     ]
     for s in searches:
         if "error" in s["results"]:
-            lines.append(f"| {s['workload']} | {s['trainer']} | | error: {s['results']['error'][:SHOWN]} | | |")
+            lines.append(f"| {s['workload']} | {s['trainer']} | | error: {s['results']['error'][:SHOWN]} | | | | |")
             continue
         for size, found in s["results"].items():
             peak = found["peak_in_all"]
@@ -121,9 +124,22 @@ def search_table(searches: list[dict]) -> list[str]:
                 f"{found['longest']:,}",
                 f"{peak / MiB:,.1f}" if peak else "",
                 f"{found['shortest_not_fitting']:,}" if found["shortest_not_fitting"] else "",
+                *planner_cells(found.get("planner"), found["longest"]),
             ]
             lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def planner_cells(planned: dict | None, longest: int) -> list[str]:
+    """The planner's answer beside a search's (``planner`` of :func:`nuvec_mlx_bench.train.long.plan_beside`):
+    its tokens, the lengths it measured and its time, and its ratio to the longest length measured to fit."""
+    if planned is None:
+        return ["", ""]
+    if "error" in planned:
+        return [f"error: {planned['error'][:SHOWN]}", ""]
+    measured = ", ".join(f"{t:,}" for t, _ in planned["peaks"])
+    text = f"{planned['tokens']:,} (measured at {measured}; {planned['seconds']:.0f} s)"
+    return [text, f"{planned['tokens'] / longest:.2f}" if longest else ""]
 
 
 def notes(results: dict, args: argparse.Namespace) -> list[str]:
@@ -154,6 +170,13 @@ def notes(results: dict, args: argparse.Namespace) -> list[str]:
             "each probe's memory capped at the memory + 1/16: MLX's memory limit set there (it frees MLX's cache "
             "and waits for running work before going past it, it does not fail) and a guard thread that ends the "
             "probe as soon as MLX's peak or active memory passes it (`over the cap`)"
+        )
+    if getattr(args, "plan_length", None):
+        lines.append(
+            "- nuvec-mlx-plan --longest: the command on the same model folder (a tiny tokenizer added), in a process "
+            "of its own, `--budget` the memory, `--num-layers -1`, LoRA as the runs, nuvec's settings as its flags, "
+            f"`--max-seq-length {args.plan_length} --verify 0`: its step's peak in all measured at a half, three "
+            "quarters and all of that length, a parabola through them solved for the memory; nothing run at its answer"
         )
     for m in results.get("models", []):
         lines.append(f"- model folder built: `{m['folder']}`, {m['bytes'] / 2**30:.2f} GiB in {m['seconds']:.1f} s")
@@ -212,16 +235,49 @@ def _panel(ax: Any, runs: list[dict], searches: list[dict], memory: list[int]) -
     ax.legend(fontsize=7)
 
 
+def fits_plot(results: dict) -> Figure | None:
+    """What fits: the longest length measured to fit against the memory, one panel per model and mode, one
+    line per trainer; the planner's answers (``--plan-length``) as open markers. ``None`` before a search
+    found a length."""
+    searches = [s for s in results["searches"] if any(f["longest"] for f in _found(s))]
+    labels = list(dict.fromkeys(s["workload"] for s in searches))
+    if not labels:
+        return None
+    fig = Figure(figsize=(6, 1.5 + 3.2 * len(labels)))
+    for ax, label in zip(fig.subplots(len(labels), 1, squeeze=False)[:, 0], labels):
+        ticks: dict[float, str] = {}
+        for s in (s for s in searches if s["workload"] == label):
+            color, marker = STYLES.get(s["trainer"].split(" ")[0], ("k", "o"))
+            found = sorted(_found(s), key=lambda f: f["memory"])
+            gib = [f["memory"] / 2**30 for f in found]
+            ticks.update({m: options.size_text(f["memory"]) for m, f in zip(gib, found)})
+            ax.plot(gib, [f["longest"] for f in found], marker + "-", ms=4, color=color, label=s["trainer"])
+            planned = [(m, f["planner"]["tokens"]) for m, f in zip(gib, found) if "tokens" in f.get("planner", {})]
+            if planned:
+                ax.plot(*zip(*planned), marker, ms=7, mfc="none", color=color, label=f"{s['trainer']}: nuvec-mlx-plan")
+        ax.set_yscale("log", base=2)
+        for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+            axis(FuncFormatter(lambda y, _: f"{y:,.0f}"))
+        ax.set_xticks(list(ticks), list(ticks.values()), fontsize=7)
+        ax.set_xlabel("memory in all: weights, adapters, optimizer state, step")
+        ax.set_ylabel("longest sequence that fits (tokens)")
+        ax.set_title(f"{label}: measured by search", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
+
+
 def write(out: Path, results: dict, args: argparse.Namespace, partial: bool = False) -> list[Path]:
-    """Write ``results.json``, ``results.md`` and ``peak_vs_length.png`` into ``out``; return the files."""
+    """Write ``results.json``, ``results.md``, ``peak_vs_length.png`` and, once a search found a length,
+    ``longest_vs_memory.png`` into ``out``; return the files."""
     out.mkdir(parents=True, exist_ok=True)
     env = results["environment"]
     lines = notes(results, args)
     if partial:
         lines.insert(0, "- partial: the run was still going")
-    fig = plot(results, args)
     text = caption(env) + f", mlx-lm {env.get('mlx_lm', '?')}"
-    plots = [save_figure(fig, out / "peak_vs_length.png", text)] if fig is not None else []
+    figures = {"peak_vs_length.png": plot(results, args), "longest_vs_memory.png": fits_plot(results)}
+    plots = [save_figure(fig, out / name, text) for name, fig in figures.items() if fig is not None]
     (out / "results.json").write_text(json.dumps({**results, "notes": lines}, indent=1))
     head = ["# Fine-tuning benchmark: long sequences", "", *(f"- {k}: `{v}`" for k, v in env.items()), ""]
     body = table(results["runs"]) + [""] + search_table(results["searches"])
