@@ -783,6 +783,9 @@ def test_the_long_suite_s_defaults_and_the_values_it_refuses(capsys):
         (["--trainers", "nuvec", "--chunks", "ffn=64"], "Chunks has the settings"),
         (["--lengths", "", "--memory", ""], "nothing to run"),
         (["--configs", "llama-4"], "--configs: unknown"),
+        (["--plan-length", "4096", "--memory", "8GiB"], "it needs --memory and nuvec among --trainers"),
+        (["--trainers", "nuvec", "--plan-length", "4096"], "it needs --memory and nuvec"),
+        (["--trainers", "nuvec", "--segment", "2", "--memory", "8GiB", "--plan-length", "64"], "without --segment"),
     ]:
         with pytest.raises(SystemExit):
             long.parse_args(["--suite", "long", "--trainers", "mlx-lm", *argv])

@@ -152,6 +152,11 @@ def _check(args: argparse.Namespace) -> None:
     segment = args.segment if args.segment == "sqrt" else options.positive(args.segment)
     nuvec = {"chunks": chunks, "ahead": args.ahead, "segment": segment}
     args.trainer_list = [Trainer(n, **(nuvec if n == "nuvec" else {})) for n in dict.fromkeys(names)]
+    if args.plan_length and not (args.memory and any(planner.plans(t) for t in args.trainer_list)):
+        raise ValueError(
+            "--plan-length puts the planner beside nuvec's search: it needs --memory and nuvec among --trainers, "
+            "without --segment (nuvec-mlx-plan does not take segments)"
+        )
     unknown = set(options.csv(args.configs)) - set(testing.PUBLIC_CONFIGS)
     if unknown:
         raise ValueError(f"--configs: unknown {sorted(unknown)}; choose from {', '.join(testing.PUBLIC_CONFIGS)}")

@@ -171,7 +171,7 @@ def notes(results: dict, args: argparse.Namespace) -> list[str]:
             "and waits for running work before going past it, it does not fail) and a guard thread that ends the "
             "probe as soon as MLX's peak or active memory passes it (`over the cap`)"
         )
-    if getattr(args, "plan_length", None):
+    if args.plan_length:
         lines.append(
             "- nuvec-mlx-plan --longest: the command on the same model folder (a tiny tokenizer added), in a process "
             "of its own, `--budget` the memory, `--num-layers -1`, LoRA as the runs, nuvec's settings as its flags, "
