@@ -255,6 +255,17 @@ def test_longest_answers_the_length_that_fits_from_short_steps(folder, tmp_path,
         assert len(found["peaks"]) == 3 and "not run at that length" in printed
 
 
+def test_longest_says_when_it_extrapolated_below_every_length_it_measured(folder, tmp_path, capsys):
+    """Where a half, three quarters and all of --max-seq-length all peak over the budget, --verify 0's answer is
+    read off the curve below its points: the command says so, and which --max-seq-length measures nearer it."""
+    argv = ["--model", folder, "--batch-size", "1", "--max-seq-length", "256", "--budget", "2.5MB", "--longest"]
+    status, printed = plan(capsys, *argv, "--verify", 0, "--json", tmp_path / "o.json")
+    found = json.loads((tmp_path / "o.json").read_text())["longest"]
+    assert all(peak > 2.5e6 for _, peak in found["peaks"]) and found["size"] == 0 and found["tokens"] < 128
+    assert "extrapolated below every length measured, all over the budget" in printed
+    assert f"--max-seq-length {max(24, 2 * found['tokens'])}, or let --verify run it" in printed
+
+
 def test_a_plan_to_save_is_measured_with_the_chunks_nuvec_mlx_lora_trains_with(folder, tmp_path, unloaded, capsys):
     """nuvec-mlx-lora --plan trains with every chunk auto: --save with a chunk flag is refused before loading."""
     with pytest.raises(SystemExit) as info:

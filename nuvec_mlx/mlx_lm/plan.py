@@ -284,6 +284,12 @@ class _Planning:
             how = "measured there"
         elif self.command.verify:
             how = f"the longest measured to fit: {fit.below} was measured not to; a larger --verify narrows it"
+        elif not fit.size:  # every length measured peaked over the budget: the curve is read below its points
+            nearer = max(24, 2 * answer)
+            how = (
+                "extrapolated below every length measured, all over the budget, not run at that length: a rough "
+                f"guess; measure nearer it with --max-seq-length {nearer}, or let --verify run it"
+            )
         else:
             how = "extrapolated, not run at that length"
         return (
