@@ -20,20 +20,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from nuvec_mlx.mlx_lm import lora
+
 from .. import testing
 from .cases import TrainWorkload
 from .trainers import LORA_SCALE, TAIL, Trainer
 
 #: The command, run by this Python.
 COMMAND = (sys.executable, "-m", "nuvec_mlx.mlx_lm.plan")
-#: nuvec-mlx-plan's flag for each chunk setting (``nv.Chunks``' field names), as ``nuvec-mlx-lora`` takes them.
-CHUNK_FLAGS = {
-    "head": "--loss-chunk",
-    "attention": "--attention-chunk",
-    "mlp": "--mlp-chunk",
-    "projections": "--projection-chunk",
-    "scan": "--scan-chunk",
-}
+#: nuvec-mlx-plan's flag for each chunk setting (``nv.Chunks``' field names): the commands' own table, turned round.
+CHUNK_FLAGS = {setting: f"--{flag.replace('_', '-')}" for flag, setting in lora.CHUNK_FLAGS.items()}
 
 
 def plans(trainer: Trainer) -> bool:
