@@ -1046,6 +1046,18 @@ def test_the_train_timeline_probe_runs_at_this_commit(capsys):
     assert "backward pass of block" in capsys.readouterr().out
 
 
+def test_the_train_timeline_probe_steps_with_the_chunks_it_is_given(capsys):
+    probe = load_probe("train_timeline")
+
+    def chunk_stages(chunks: str) -> int:
+        return sum(r.kind == "chunk" for r in probe.main(["llama", "lora", "float32", "--chunks", chunks]).readings)
+
+    assert chunk_stages("mlp=32") > chunk_stages("mlp=0")
+    with pytest.raises(SystemExit):
+        probe.main(["llama", "lora", "float32", "--strategy", "mlx-lm", "--chunks", "mlp=32"])
+    assert "a nuvec strategy's setting" in capsys.readouterr().err
+
+
 def test_the_depth_plot_draws_coinciding_lines_in_distinct_colours_markers_and_dashes():
     strategies = ("none", "none-policy", "mx", "nuvec-nopolicy", "nuvec")  # none and none-policy coincide
     got = [depth_row(b, [b], s) for s in strategies for b in (4, 8, 16)]

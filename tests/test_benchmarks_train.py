@@ -778,7 +778,8 @@ def test_the_long_suite_s_defaults_and_the_values_it_refuses(capsys):
     for argv, message in [
         (["--trainers", "mlx-lm,torch"], "--trainers: choose from"),
         (["--steps", "1"], "--steps must be >= 2"),
-        (["--chunks", "mlp"], "expected name=value"),
+        (["--chunks", "mlp"], "expected name=size"),
+        (["--chunks", "mlp=-64"], "expected name=size"),
         (["--chunks", "mlp=64"], "nuvec's settings: add nuvec"),
         (["--trainers", "nuvec", "--chunks", "ffn=64"], "Chunks has the settings"),
         (["--lengths", "", "--memory", ""], "nothing to run"),

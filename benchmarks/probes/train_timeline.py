@@ -9,18 +9,25 @@ default an architecture at the ``cpu`` suite's sizes (hidden 64, 4 layers, vocab
     python benchmarks/probes/train_timeline.py qwen3_moe full float32 --strategy nuvec
     python benchmarks/probes/train_timeline.py llama-3.2-1b lora bfloat16 --layers 2 --batch 1 --seq 256 \\
         --strategy nuvec-mlp-chunks
+    python benchmarks/probes/train_timeline.py llama-3.1-8b qlora bfloat16 --layers 2 --batch 1 --seq 8192 \\
+        --chunks mlp=1024,projections=1024
+
+``--chunks`` sets the nuvec step's ``nv.Chunks`` as ``nuvec-mlx-bench-train --suite long --chunks`` does
+(a size in tokens, ``auto``, or 0 for off; the parts not named keep their defaults). Inside the timeline no
+stage is queued ahead (``ahead=0``), so a stage's peak is its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import mlx.core as mx
 
 import nuvec_mlx as nv
 from nuvec_mlx_bench import testing
-from nuvec_mlx_bench.core import environment
-from nuvec_mlx_bench.train.cases import MODES, STRATEGIES, Case, TrainWorkload, add_size_arguments
+from nuvec_mlx_bench.core import environment, options
+from nuvec_mlx_bench.train.cases import MODES, NUVEC_STEPS, STRATEGIES, Case, TrainWorkload, add_size_arguments
 
 
 def main(argv: list[str] | None = None) -> nv.memory.Timeline:
@@ -30,6 +37,7 @@ def main(argv: list[str] | None = None) -> nv.memory.Timeline:
     p.add_argument("mode", choices=MODES)
     p.add_argument("dtype", help="the weights' dtype (float32, bfloat16)")
     p.add_argument("--strategy", choices=STRATEGIES, default="nuvec")
+    p.add_argument("--chunks", default="", help="the nuvec step's chunks, e.g. mlp=1024,projections=0")
     add_size_arguments(p, batch=2, seq=128)  # an architecture's hidden, layers, vocab: 64, 4, 256 unless given
     args = p.parse_args(argv)
     print(environment.environment(environment.command_line("train_timeline.py", argv)))
@@ -38,7 +46,13 @@ def main(argv: list[str] | None = None) -> nv.memory.Timeline:
     else:
         sizes = {"hidden": args.hidden or 64, "layers": args.layers or 4, "vocab": args.vocab or 256}
     w = TrainWorkload(args.model, args.batch, args.seq, mode=args.mode, dtype=args.dtype, **sizes)
-    case = Case(w, args.strategy)
+    settings = options.chunk_settings(args.chunks)
+    if settings and args.strategy not in NUVEC_STEPS:
+        p.error(f"--chunks is a nuvec strategy's setting, not {args.strategy}'s")
+    how = NUVEC_STEPS.get(args.strategy)
+    if settings:
+        how = dataclasses.replace(how, chunks=nv.Chunks.from_settings(**settings))
+    case = Case(w, args.strategy, how)
     batch = case.batch(args.seq)
     case.evaluate(case.step(batch))  # compiles
     mx.synchronize()
@@ -46,7 +60,7 @@ def main(argv: list[str] | None = None) -> nv.memory.Timeline:
     start = mx.get_active_memory()
     with nv.memory.timeline() as t:
         case.evaluate(case.step(batch))
-    print(f"{w.label()} {args.strategy}: held {case.resident() / 2**20:.2f} MiB, MLX {mx.__version__}")
+    print(f"{w.label()} {args.strategy} {args.chunks}: held {case.resident() / 2**20:.2f} MiB, MLX {mx.__version__}")
     for r in t.readings:
         print(f"  {r.name():36s} active {(r.active - start) / 2**20:8.2f}  peak {(r.peak - start) / 2**20:8.2f}")
     print(t.describe())

@@ -35,6 +35,26 @@ def positive(text: str) -> int:
     return n
 
 
+def chunk_settings(text: str) -> dict[str, int | str]:
+    """``--chunks``' comma-separated ``name=value`` pairs, as :meth:`nuvec_mlx.Chunks.from_settings` takes them:
+    each value a size in tokens, ``auto``, or 0 (off).
+
+    Raises:
+        ValueError: an item without ``=``, or a value neither ``auto`` nor an int.
+
+    Example:
+        >>> chunk_settings("mlp=2048,attention=auto")
+        {'mlp': 2048, 'attention': 'auto'}
+    """
+    settings: dict[str, int | str] = {}
+    for item in csv(text):
+        name, sep, value = item.partition("=")
+        if not sep or not (value == "auto" or value.isdigit()):
+            raise ValueError(f"--chunks: expected name=size, name=auto or name=0, got {item!r}")
+        settings[name] = value if value == "auto" else int(value)
+    return settings
+
+
 def memory_size(text: str) -> int:
     """A memory size in bytes: with a unit (``"16GiB"``, ``"512MiB"``) or a bare number of MiB (``"0"``).
 

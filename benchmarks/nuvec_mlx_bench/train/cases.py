@@ -210,17 +210,21 @@ class Case:
     :meth:`step` dispatches a step and :meth:`evaluate` evaluates it (a
     :class:`nuvec_mlx.TrainingStep` does both in its call, and its evaluation
     has nothing left to do); :meth:`timed` is the pair with each call's
-    dispatch and evaluation added to :attr:`parts`.
+    dispatch and evaluation added to :attr:`parts`. A nuvec strategy steps as
+    :data:`NUVEC_STEPS` says, or as ``how`` says where given (a probe's own chunks).
 
     Example:
         >>> case = Case(TrainWorkload("llama", batch=2, seq=256, hidden=128, layers=4), "nuvec")
         >>> case.evaluate(case.step(case.batch(256)))
     """
 
-    def __init__(self, w: TrainWorkload, strategy: str):
+    def __init__(self, w: TrainWorkload, strategy: str, how: NuvecStep | None = None):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+        if how is not None and strategy not in NUVEC_STEPS:
+            raise ValueError(f"how is a nuvec strategy's setting, not {strategy!r}'s")
         self.workload, self.strategy = w, strategy
+        self.how = how or NUVEC_STEPS.get(strategy)
         self.model, config = testing.mlx_lm_model(w.config(), w.dtype, quantized=w.mode == "qlora")
         self.vocab = config["vocab_size"]
         # Every case draws its LoRA adapters, and its steps their dropout masks, from the same key: the
@@ -239,11 +243,10 @@ class Case:
         self.optimizer.init(self.model.trainable_parameters())
         self.parts = rounds.Parts()
         self.training: nv.TrainingStep | None = None
-        if strategy in NUVEC_STEPS:
-            how = NUVEC_STEPS[strategy]
+        if self.how is not None:
             nv.checkpoint_layers(self.model)  # as nuvec_mlx.mlx_lm.train's checkpointed_blocks, for good
-            nv.chunk_layers(self.model, how.chunks)
-            self.training = nv.TrainingStep(self.model, how.loss, self.optimizer, ahead=how.ahead)
+            nv.chunk_layers(self.model, self.how.chunks)
+            self.training = nv.TrainingStep(self.model, self.how.loss, self.optimizer, ahead=self.how.ahead)
             self.state = self.training.state
         else:
             if strategy == "nuvec-mx-eval":
@@ -293,8 +296,7 @@ class Case:
     def runs_at(self, seq: int) -> bool:
         """Whether a step of ``seq`` tokens is run: not where it would build whole logits of
         :data:`LOGITS_LIMIT` elements or more (nuvec's chunked head never builds them)."""
-        how = NUVEC_STEPS.get(self.strategy)
-        whole = how is None or how.chunks.head is None
+        whole = self.how is None or self.how.chunks.head is None
         return not whole or self.workload.batch * seq * self.vocab < LOGITS_LIMIT
 
     def resident(self) -> int:

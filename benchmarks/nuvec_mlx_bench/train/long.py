@@ -143,7 +143,7 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("--lengths and --memory are both empty: nothing to run")
     if args.memory and args.max_length < args.granularity:
         raise ValueError(f"--max-length {args.max_length} is below --granularity {args.granularity}")
-    chunks = tuple(_setting(s) for s in options.csv(args.chunks))
+    chunks = tuple(options.chunk_settings(args.chunks).items())
     names = options.csv(args.trainers)
     if not names or set(names) - set(trainers.TRAINERS):
         raise ValueError(f"--trainers: choose from {', '.join(trainers.TRAINERS)}, got {args.trainers!r}")
@@ -173,19 +173,6 @@ def _check(args: argparse.Namespace) -> None:
     ]
     if not args.workloads:
         raise ValueError("--configs or --archs, and --modes, must name at least one each")
-
-
-def _setting(text: str) -> tuple[str, int | str]:
-    """``name=value`` of ``--chunks``: a size in tokens, ``auto``, or 0 (off).
-
-    Example:
-        >>> _setting("mlp=2048"), _setting("attention=auto")
-        (('mlp', 2048), ('attention', 'auto'))
-    """
-    name, sep, value = text.partition("=")
-    if not sep:
-        raise ValueError(f"--chunks: expected name=value, got {text!r}")
-    return name, value if value == "auto" else int(value)
 
 
 def record(w: TrainWorkload, trainer: Trainer, outcome: Outcome, phase: str, memory: int | None = None) -> dict:
