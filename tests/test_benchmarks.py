@@ -1053,9 +1053,14 @@ def test_the_train_timeline_probe_steps_with_the_chunks_it_is_given(capsys):
         return sum(r.kind == "chunk" for r in probe.main(["llama", "lora", "float32", "--chunks", chunks]).readings)
 
     assert chunk_stages("mlp=32") > chunk_stages("mlp=0")
-    with pytest.raises(SystemExit):
-        probe.main(["llama", "lora", "float32", "--strategy", "mlx-lm", "--chunks", "mlp=32"])
-    assert "a nuvec strategy's setting" in capsys.readouterr().err
+    for argv, message in [
+        (["--strategy", "mlx-lm", "--chunks", "mlp=32"], "a nuvec strategy's setting"),
+        (["--chunks", "mlp"], "expected name=size"),
+        (["--chunks", "ffn=32"], "Chunks has the settings"),
+    ]:
+        with pytest.raises(SystemExit):
+            probe.main(["llama", "lora", "float32", *argv])
+        assert message in capsys.readouterr().err, argv
 
 
 def test_the_depth_plot_draws_coinciding_lines_in_distinct_colours_markers_and_dashes():

@@ -46,12 +46,15 @@ def main(argv: list[str] | None = None) -> nv.memory.Timeline:
     else:
         sizes = {"hidden": args.hidden or 64, "layers": args.layers or 4, "vocab": args.vocab or 256}
     w = TrainWorkload(args.model, args.batch, args.seq, mode=args.mode, dtype=args.dtype, **sizes)
-    settings = options.chunk_settings(args.chunks)
-    if settings and args.strategy not in NUVEC_STEPS:
-        p.error(f"--chunks is a nuvec strategy's setting, not {args.strategy}'s")
-    how = NUVEC_STEPS.get(args.strategy)
-    if settings:
-        how = dataclasses.replace(how, chunks=nv.Chunks.from_settings(**settings))
+    how, label = NUVEC_STEPS.get(args.strategy), args.strategy
+    if args.chunks:
+        if how is None:
+            p.error(f"--chunks is a nuvec strategy's setting, not {args.strategy}'s")
+        try:
+            how = dataclasses.replace(how, chunks=nv.Chunks.from_settings(**options.chunk_settings(args.chunks)))
+        except (TypeError, ValueError) as e:
+            p.error(str(e))
+        label += f" --chunks {args.chunks}"
     case = Case(w, args.strategy, how)
     batch = case.batch(args.seq)
     case.evaluate(case.step(batch))  # compiles
@@ -60,7 +63,7 @@ def main(argv: list[str] | None = None) -> nv.memory.Timeline:
     start = mx.get_active_memory()
     with nv.memory.timeline() as t:
         case.evaluate(case.step(batch))
-    print(f"{w.label()} {args.strategy} {args.chunks}: held {case.resident() / 2**20:.2f} MiB, MLX {mx.__version__}")
+    print(f"{w.label()} {label}: held {case.resident() / 2**20:.2f} MiB, MLX {mx.__version__}")
     for r in t.readings:
         print(f"  {r.name():36s} active {(r.active - start) / 2**20:8.2f}  peak {(r.peak - start) / 2**20:8.2f}")
     print(t.describe())

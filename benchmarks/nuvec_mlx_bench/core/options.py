@@ -40,7 +40,7 @@ def chunk_settings(text: str) -> dict[str, int | str]:
     each value a size in tokens, ``auto``, or 0 (off).
 
     Raises:
-        ValueError: an item without ``=``, or a value neither ``auto`` nor an int.
+        ValueError: an item without ``=``, or a value neither ``auto`` nor an int >= 0.
 
     Example:
         >>> chunk_settings("mlp=2048,attention=auto")
