@@ -1053,10 +1053,13 @@ def test_the_train_timeline_probe_steps_with_the_chunks_it_is_given(capsys):
         return sum(r.kind == "chunk" for r in probe.main(["llama", "lora", "float32", "--chunks", chunks]).readings)
 
     assert chunk_stages("mlp=32") > chunk_stages("mlp=0")
+    norms = probe.main(["llama", "lora", "float32", "--chunks", "mlp=0", "--norm-chunk", "32"]).readings
+    assert sum(r.kind == "chunk" for r in norms) > chunk_stages("mlp=0")
     for argv, message in [
         (["--strategy", "mlx-lm", "--chunks", "mlp=32"], "a nuvec strategy's setting"),
         (["--chunks", "mlp"], "expected name=size"),
         (["--chunks", "ffn=32"], "Chunks has the settings"),
+        (["--strategy", "mlx-lm", "--norm-chunk", "32"], "--norm-chunk is a nuvec strategy's setting"),
     ]:
         with pytest.raises(SystemExit):
             probe.main(["llama", "lora", "float32", *argv])

@@ -13,8 +13,11 @@ default an architecture at the ``cpu`` suite's sizes (hidden 64, 4 layers, vocab
         --chunks mlp=1024,projections=1024
 
 ``--chunks`` sets the nuvec step's ``nv.Chunks`` as ``nuvec-mlx-bench-train --suite long --chunks`` does
-(a size in tokens, ``auto``, or 0 for off; the parts not named keep their defaults). Inside the timeline no
-stage is queued ahead (``ahead=0``), so a stage's peak is its own.
+(a size in tokens, ``auto``, or 0 for off; the parts not named keep their defaults). ``--norm-chunk N``, an
+experiment no setting of the library makes, also checkpoints each block's own norms (its ``nn.RMSNorm`` and
+``nn.LayerNorm`` children) in chunks of N tokens, each a stage of the recomputation too
+(``nv.checkpoint_module(norm, chunk=N, lazy_in_recompute=False)``). Inside the timeline no stage is queued
+ahead (``ahead=0``), so a stage's peak is its own.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import argparse
 import dataclasses
 
 import mlx.core as mx
+import mlx.nn as nn
 
 import nuvec_mlx as nv
 from nuvec_mlx_bench import testing
@@ -38,6 +42,7 @@ def main(argv: list[str] | None = None) -> nv.memory.Timeline:
     p.add_argument("dtype", help="the weights' dtype (float32, bfloat16)")
     p.add_argument("--strategy", choices=STRATEGIES, default="nuvec")
     p.add_argument("--chunks", default="", help="the nuvec step's chunks, e.g. mlp=1024,projections=0")
+    p.add_argument("--norm-chunk", type=int, help="each block's norms checkpointed in chunks of this many tokens")
     add_size_arguments(p, batch=2, seq=128)  # an architecture's hidden, layers, vocab: 64, 4, 256 unless given
     args = p.parse_args(argv)
     print(environment.environment(environment.command_line("train_timeline.py", argv)))
@@ -55,7 +60,15 @@ def main(argv: list[str] | None = None) -> nv.memory.Timeline:
         except (TypeError, ValueError) as e:
             p.error(str(e))
         label += f" --chunks {args.chunks}"
+    if args.norm_chunk is not None and (how is None or args.norm_chunk < 1):
+        p.error(f"--norm-chunk is a nuvec strategy's setting, a size >= 1, got {args.norm_chunk} for {args.strategy}")
     case = Case(w, args.strategy, how)
+    if args.norm_chunk:
+        for block in case.model.layers:
+            for norm in block.children().values():
+                if isinstance(norm, (nn.RMSNorm, nn.LayerNorm)):
+                    nv.checkpoint_module(norm, chunk=args.norm_chunk, lazy_in_recompute=False)
+        label += f" --norm-chunk {args.norm_chunk}"
     batch = case.batch(args.seq)
     case.evaluate(case.step(batch))  # compiles
     mx.synchronize()
