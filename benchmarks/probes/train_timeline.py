@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> nv.memory.Timeline:
     p.add_argument("dtype", help="the weights' dtype (float32, bfloat16)")
     p.add_argument("--strategy", choices=STRATEGIES, default="nuvec")
     p.add_argument("--chunks", default="", help="the nuvec step's chunks, e.g. mlp=1024,projections=0")
-    p.add_argument("--norm-chunk", type=int, help="each block's norms checkpointed in chunks of this many tokens")
+    p.add_argument(
+        "--norm-chunk", type=options.positive, help="each block's norms checkpointed in chunks of this many tokens"
+    )
     add_size_arguments(p, batch=2, seq=128)  # an architecture's hidden, layers, vocab: 64, 4, 256 unless given
     args = p.parse_args(argv)
     print(environment.environment(environment.command_line("train_timeline.py", argv)))
@@ -60,8 +62,8 @@ def main(argv: list[str] | None = None) -> nv.memory.Timeline:
         except (TypeError, ValueError) as e:
             p.error(str(e))
         label += f" --chunks {args.chunks}"
-    if args.norm_chunk is not None and (how is None or args.norm_chunk < 1):
-        p.error(f"--norm-chunk is a nuvec strategy's setting, a size >= 1, got {args.norm_chunk} for {args.strategy}")
+    if args.norm_chunk and how is None:
+        p.error(f"--norm-chunk is a nuvec strategy's setting, not {args.strategy}'s")
     case = Case(w, args.strategy, how)
     if args.norm_chunk:
         for block in case.model.layers:
