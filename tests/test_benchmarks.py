@@ -1066,6 +1066,22 @@ def test_the_train_timeline_probe_steps_with_the_chunks_it_is_given(capsys):
         assert message in capsys.readouterr().err, argv
 
 
+def test_the_train_timeline_probe_bounds_a_deeper_step_by_what_that_step_peaks_at(capsys):
+    probe = load_probe("train_timeline")
+    sizes = ["--hidden", "64", "--vocab", "256", "--batch", "1", "--seq", "1024", "--depth", "6"]
+
+    def bound(layers: int) -> float:
+        probe.main(["llama", "lora", "bfloat16", "--layers", str(layers), *sizes])
+        return float(re.search(r"at 6 blocks and ahead=0: at most ([\d.]+) MiB", capsys.readouterr().out)[1])
+
+    deep = bound(6)  # a timeline of all 6 blocks: the step's own peak
+    assert bound(2) == pytest.approx(deep, rel=0.01)
+    for layers in (1, 7):
+        with pytest.raises(SystemExit):
+            probe.main(["llama", "lora", "bfloat16", "--layers", str(layers), *sizes])
+        assert "--depth needs a timeline of 2 or more blocks" in capsys.readouterr().err
+
+
 def test_the_depth_plot_draws_coinciding_lines_in_distinct_colours_markers_and_dashes():
     strategies = ("none", "none-policy", "mx", "nuvec-nopolicy", "nuvec")  # none and none-policy coincide
     got = [depth_row(b, [b], s) for s in strategies for b in (4, 8, 16)]

@@ -18,6 +18,14 @@ experiment no setting of the library makes, also checkpoints each block's own no
 ``nn.LayerNorm`` children) in chunks of N tokens, each a stage of the recomputation too
 (``nv.checkpoint_module(norm, chunk=N, lazy_in_recompute=False)``). Inside the timeline no stage is queued
 ahead (``ahead=0``), so a stage's peak is its own.
+
+A shallow timeline stands for a deeper step: every block keeps its input until its backward pass, so at
+``--depth N`` blocks (a public configuration's own depth by default) the step at ``ahead=0`` peaks at most at
+the timeline's highest stage plus the other blocks' inputs, from a timeline of 2 or more blocks (one block
+has no block before or after it), and at exactly that where the highest stage is the deepest block's, the
+loss head's or a forward one. The bound leaves out the adapters' gradients of the blocks done, which at
+training lengths are far smaller than the inputs freed. The probe prints it (on Llama-3.1-8B QLoRA at 8,192
+tokens, from 2 blocks: 4,397.9 MiB, against 4,398.5 measured at 32 blocks with ``--ahead 0``).
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ def main(argv: list[str] | None = None) -> nv.memory.Timeline:
     p.add_argument(
         "--norm-chunk", type=options.positive, help="each block's norms checkpointed in chunks of this many tokens"
     )
+    p.add_argument("--depth", type=options.positive, help="the blocks of the step to bound (a configuration's own)")
     add_size_arguments(p, batch=2, seq=128)  # an architecture's hidden, layers, vocab: 64, 4, 256 unless given
     args = p.parse_args(argv)
     print(environment.environment(environment.command_line("train_timeline.py", argv)))
@@ -53,6 +62,11 @@ def main(argv: list[str] | None = None) -> nv.memory.Timeline:
     else:
         sizes = {"hidden": args.hidden or 64, "layers": args.layers or 4, "vocab": args.vocab or 256}
     w = TrainWorkload(args.model, args.batch, args.seq, mode=args.mode, dtype=args.dtype, **sizes)
+    layers = w.config()["num_hidden_layers"]
+    depth = args.depth or (testing.PUBLIC_CONFIGS[args.model]["num_hidden_layers"] if w.public else None)
+    if args.depth is not None and not 2 <= layers <= args.depth:
+        p.error(f"--depth needs a timeline of 2 or more blocks, and at most --depth: got {layers} blocks")
+    depth = depth if depth is not None and layers >= 2 else None
     how, label = NUVEC_STEPS.get(args.strategy), args.strategy
     if args.chunks:
         if how is None:
@@ -82,7 +96,19 @@ def main(argv: list[str] | None = None) -> nv.memory.Timeline:
     for r in t.readings:
         print(f"  {r.name():36s} active {(r.active - start) / 2**20:8.2f}  peak {(r.peak - start) / 2**20:8.2f}")
     print(t.describe())
+    if depth is not None:
+        print(_deeper(t, start, layers, depth, args.batch * args.seq, w.config()["hidden_size"], args.dtype))
     return t
+
+
+def _deeper(t: nv.memory.Timeline, start: int, layers: int, depth: int, tokens: int, hidden: int, dtype: str) -> str:
+    """The bound on the step's peak at ``depth`` blocks from a timeline of ``layers``, as a sentence."""
+    block = nv.chunking.blocks_inputs(tokens, hidden, itemsize=getattr(mx, dtype).size)
+    bound = t.peak().peak - start + (depth - layers) * block
+    return (
+        f"at {depth} blocks and ahead=0: at most {bound / 2**20:.2f} MiB "
+        f"({bound / (depth * block):.2f}x the blocks' inputs, {depth * block / 2**20:.1f} MiB)"
+    )
 
 
 if __name__ == "__main__":
