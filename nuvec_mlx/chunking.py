@@ -10,7 +10,8 @@ along it: the loss head (one chunk's logits at a time:
 a block's MLP (one chunk of tokens' intermediates: a module checkpointed
 in chunks, :func:`nuvec_mlx.checkpoint_module`) and attention's projections
 (the same way: LoRA computes its products in float32, so each projection's
-backward pass holds float32 copies of its input and output). :class:`Chunks` holds the
+backward pass holds float32 copies of its input and output), and, where MLX
+computes them unfused (the CPU), a block's norms (float32 copies too). :class:`Chunks` holds the
 setting of each, :func:`chunk_layers` applies them to a model's blocks, and
 the rules here size the ``"auto"`` settings from the sizes involved.
 
@@ -41,6 +42,7 @@ from . import nn as nv_nn
 __all__ = [
     "AUTO",
     "FEED_FORWARD",
+    "NORMS",
     "PROJECTIONS",
     "Chunks",
     "Setting",
@@ -50,6 +52,7 @@ __all__ = [
     "feed_forward",
     "head_tokens",
     "mlp_tokens",
+    "norms",
     "projections",
 ]
 
@@ -64,6 +67,10 @@ FEED_FORWARD = ("mlp", "feed_forward", "block_sparse_moe")
 #: The names attention modules give their projections, which treat tokens independently: what the projections
 #: setting checkpoints in chunks (mlx-lm's names; Phi-3 projects queries, keys and values at once).
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj")
+
+#: The names blocks give their norms (mlx-lm's names; Gemma's four), which treat tokens independently: what the
+#: norms setting checkpoints in chunks.
+NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
 
 #: The share of the blocks' inputs (every checkpointed block's input: what a checkpointed step keeps between
 #: its forward and backward pass) that one chunk of a part may hold at its peak: the step's peak is then the
@@ -204,6 +211,11 @@ class Chunks:
         projections: the tokens per chunk of attention's projections (a
             child named as in :data:`PROJECTIONS`); ``"auto"`` sizes each as
             :func:`mlp_tokens` sizes an MLP, of the projection's width.
+        norms: the tokens per chunk of a block's norms (children named as
+            in :data:`NORMS`); ``"auto"`` chunks them where MLX computes
+            them unfused (the CPU, in float32), sized as :func:`mlp_tokens`
+            sizes an MLP of the hidden width, and leaves the fused ones of
+            CUDA and Metal whole.
 
     Example:
         >>> nv.chunk_layers(model, nv.Chunks(mlp=1024, attention=None))
@@ -214,6 +226,7 @@ class Chunks:
     mlp: Setting = AUTO
     scan: Setting = AUTO
     projections: Setting = AUTO
+    norms: Setting = AUTO
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -226,7 +239,7 @@ class Chunks:
 
         Example:
             >>> Chunks.from_settings(mlp=0, attention="auto", head=None)
-            Chunks(head='auto', attention='auto', mlp=None, scan='auto', projections='auto')
+            Chunks(head='auto', attention='auto', mlp=None, scan='auto', projections='auto', norms='auto')
         """
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(settings) - names
@@ -242,26 +255,31 @@ def _is_off(value: object) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class _TokenWise:
-    """The chunk of a module that treats tokens independently (an MLP, a projection), asked at each call: a
-    size, or :func:`mlp_tokens` of the call's sizes and the module's width."""
+    """The chunk of a module that treats tokens independently (an MLP, a projection, a norm), asked at each
+    call: a size, or :func:`mlp_tokens` of the call's sizes and the module's width; with ``unfused_only``,
+    ``"auto"`` leaves the module whole (``None``) on a GPU, whose fused kernels hold no float32 copies."""
 
     setting: int | str
     blocks: int
+    unfused_only: bool = False
 
     def __call__(self, module: nn.Module, x: mx.array) -> int | None:
         if isinstance(self.setting, int):
             return self.setting
-        batch, tokens, hidden = x.shape[0], x.shape[1], x.shape[-1]
         backend = "cpu" if _attention.backend() == "cpu" else "gpu"
-        return mlp_tokens(tokens, hidden, _width(module), batch, self.blocks, backend)
+        if self.unfused_only and backend != "cpu":
+            return None
+        batch, tokens, hidden = x.shape[0], x.shape[1], x.shape[-1]
+        return mlp_tokens(tokens, hidden, _width(module, hidden), batch, self.blocks, backend)
 
 
-def _width(module: nn.Module) -> int:
+def _width(module: nn.Module, hidden: int) -> int:
     """The widest output of ``module``'s layers (an MLP's hidden width, a projection's output): the largest
-    first dimension of its ``weight`` arrays (a quantized layer's too: packed along its input)."""
+    first dimension of its ``weight`` arrays (a quantized layer's too: packed along its input); ``hidden``
+    where it has none (a norm's weight is a vector)."""
     weights = dict(tree_flatten(module.parameters()))
     widths = [v.shape[0] for k, v in weights.items() if k.endswith("weight") and v.ndim == 2]
-    return max(widths, default=1)
+    return max(widths, default=hidden)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,9 +346,10 @@ def chunk_layers(
     In each block (and the modules inside it): attention in chunks of queries
     (``chunks.attention``), the feed-forward module (a child named as in
     :data:`FEED_FORWARD`) checkpointed in chunks of tokens (``chunks.mlp``),
-    attention's projections (children named as in :data:`PROJECTIONS`) the
-    same way (``chunks.projections``), and the functions ``routes`` names
-    computed as they say. Nothing outside
+    attention's projections (children named as in :data:`PROJECTIONS`) and
+    the block's norms (:data:`NORMS`) the same way (``chunks.projections``,
+    ``chunks.norms``), and the functions ``routes`` names computed as they
+    say. Nothing outside
     the blocks changes: the modules' own calls see the chunked functions
     (:func:`nuvec_mlx.nn.reroute`). Values and gradients are the unchunked
     ones, up to the order of sums. Checkpoint the blocks too
@@ -365,11 +384,15 @@ def chunk_layers(
         for module in block.modules():
             changed += nv_nn.reroute(module, _routes(module, chunks, extra, len(blocks)) if enable else {})
         # The MLP's output only joins the residual sum: its chunks are left out of the block's recomputation.
-        # The projections' outputs are read there (by attention, the residual): each chunk a stage of its own.
-        parts = [(feed_forward(block), chunks.mlp, True), *((p, chunks.projections, False) for p in projections(block))]
-        for part, setting, lazy in parts:
+        # The projections' and norms' outputs are read there (by attention, the MLP): each chunk a stage of its own.
+        parts = [
+            (feed_forward(block), chunks.mlp, True, False),
+            *((p, chunks.projections, False, False) for p in projections(block)),
+            *((n, chunks.norms, False, True) for n in norms(block)),
+        ]
+        for part, setting, lazy, unfused_only in parts:
             if part is not None:
-                rule = _TokenWise(setting, len(blocks)) if enable and setting is not None else None
+                rule = _TokenWise(setting, len(blocks), unfused_only) if enable and setting is not None else None
                 before = type(part)
                 nv_nn.in_chunks(part, rule, enable=rule is not None, lazy_in_recompute=lazy)
                 changed += type(part) is not before
@@ -389,6 +412,12 @@ def projections(block: nn.Module) -> list[nn.Module]:
     """Attention's projections in ``block``: the children named as in :data:`PROJECTIONS` of its modules."""
     _validate.check_module(block, "block")
     return [c for m in block.modules() for name in PROJECTIONS if isinstance(c := m.get(name), nn.Module)]
+
+
+def norms(block: nn.Module) -> list[nn.Module]:
+    """``block``'s norms: its children named as in :data:`NORMS`."""
+    _validate.check_module(block, "block")
+    return [c for name in NORMS if isinstance(c := block.get(name), nn.Module)]
 
 
 def feed_forward(block: nn.Module) -> nn.Module | None:

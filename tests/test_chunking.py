@@ -80,11 +80,12 @@ def batch(tokens: int):
     return ids, mx.array([[0, tokens]])
 
 
-def gradients(model, setting, tokens, projections=None):
-    """The loss and gradients of a step with every block checkpointed, attention chunked as ``setting`` says
-    and attention's projections as ``projections`` (the MLP whole), and the kinds of the step's stages."""
+def gradients(model, setting, tokens, projections=None, norms=None):
+    """The loss and gradients of a step with every block checkpointed, attention chunked as ``setting`` says,
+    attention's projections as ``projections`` and the blocks' norms as ``norms`` (the MLP whole), and the kinds
+    of the step's stages."""
     nv.checkpoint_layers(model)
-    nv.chunk_layers(model, nv.Chunks(attention=setting, mlp=None, projections=projections))
+    nv.chunk_layers(model, nv.Chunks(attention=setting, mlp=None, projections=projections, norms=norms))
     step = nv.TrainingStep(model, default_loss, compile=False)
     with nv.memory.timeline() as timeline:
         ((loss, _), grads) = step(*batch(tokens))
@@ -222,7 +223,7 @@ def test_chunks_settings_are_checked_and_zero_from_a_command_line_is_none():
         nv.Chunks(mlp=-2)
     with pytest.raises(
         TypeError,
-        match=r"Chunks has the settings \['attention', 'head', 'mlp', 'projections', 'scan'\], got \['loss'\]",
+        match=r"Chunks has the settings \['attention', 'head', 'mlp', 'norms', 'projections', 'scan'\], got \['loss'\]",
     ):
         nv.Chunks.from_settings(loss=8)
 
@@ -283,7 +284,7 @@ def test_auto_chunks_a_long_sequence_s_mlp_and_leaves_a_short_one_whole(monkeypa
     assert nv.chunking.mlp_tokens(32, 32, 64, blocks=2, backend="cpu") is None
     model = MODELS["llama"]()
     nv.checkpoint_layers(model)
-    nv.chunk_layers(model, nv.Chunks(attention=None, projections=None))
+    nv.chunk_layers(model, nv.Chunks(attention=None, projections=None, norms=None))
     step = nv.TrainingStep(model, default_loss, compile=False)
     counts = []
     for tokens in (32, 256):
@@ -294,19 +295,23 @@ def test_auto_chunks_a_long_sequence_s_mlp_and_leaves_a_short_one_whole(monkeypa
 
 
 @pytest.mark.parametrize("arch", list(MODELS))
-def test_projections_in_chunks_have_the_unchunked_loss_and_gradients(arch):
-    """Attention's projections (q_proj, k_proj, v_proj, o_proj) checkpointed in chunks of 8 of 32 tokens: each
-    one's 4 chunks a stage in its forward pass, in the block's recomputation (whose attention and residual
-    read them: left to MLX, every chunk would be computed in one stage) and in its backward pass, and the
-    same loss and gradients."""
+@pytest.mark.parametrize("part, per_block", [("projections", 4), ("norms", 2)])
+def test_projections_and_norms_in_chunks_have_the_unchunked_loss_and_gradients(arch, part, per_block):
+    """Attention's projections (q_proj, k_proj, v_proj, o_proj), or a block's norms (input_layernorm,
+    post_attention_layernorm, and Gemma's two around the MLP), checkpointed in chunks of 8 of 32 tokens: each
+    one's 4 chunks a stage in its forward pass, in the block's recomputation (which reads their outputs: left
+    to MLX, every chunk would be computed in one stage) and in its backward pass, and the same loss and
+    gradients."""
     model = MODELS[arch]()
-    found = sum(len(nv.chunking.projections(b)) for b in model.layers)
+    find = getattr(nv.chunking, part)
+    found = sum(len(find(b)) for b in model.layers)
     loss, grads, kinds = gradients(model, None, 32)
-    chunked_loss, chunked_grads, chunked_kinds = gradients(model, None, 32, projections=8)
-    assert found >= 4 * len(model.layers) and chunked_kinds.count("chunk") - kinds.count("chunk") == found * 4 * 3
+    chunked_loss, chunked_grads, chunked_kinds = gradients(model, None, 32, **{part: 8})
+    assert found >= per_block * len(model.layers)
+    assert chunked_kinds.count("chunk") - kinds.count("chunk") == found * 4 * 3
     assert_close(chunked_loss, loss, 1e-6)
     assert_close(chunked_grads, grads, 2e-5)
-    assert not any(nv.is_checkpointed(p) for b in model.layers for p in nv.chunking.projections(b))  # undone
+    assert not any(nv.is_checkpointed(m) for b in model.layers for m in find(b))  # undone
 
 
 def test_auto_chunks_a_long_sequence_s_projections_and_leaves_a_short_one_whole(monkeypatch):
@@ -315,3 +320,16 @@ def test_auto_chunks_a_long_sequence_s_projections_and_leaves_a_short_one_whole(
     monkeypatch.setitem(nv.chunking.MLP_MIN_WORK, "cpu", 32 * 32 * 32)
     counts = [gradients(MODELS["llama"](), None, tokens, projections="auto")[2].count("chunk") for tokens in (32, 256)]
     assert counts[0] == 0 and counts[1] >= 2 * 4 * 2 * 2, counts  # 2 blocks, 4 projections, 2 chunks or more
+
+
+def test_auto_chunks_the_norms_where_mlx_computes_them_unfused_and_leaves_fused_ones_whole(monkeypatch):
+    """On the CPU MLX computes a norm in float32 with plain operations: ``"auto"`` chunks it as the MLP's rule
+    sizes an MLP of the hidden width (here at 256 tokens, not at 32); on a GPU the norm is one fused kernel,
+    left whole."""
+    monkeypatch.setitem(nv.chunking.MLP_MIN_WORK, "cpu", 32 * 32 * 32)
+    counts = [gradients(MODELS["llama"](), None, tokens, norms="auto")[2].count("chunk") for tokens in (32, 256)]
+    assert counts[0] == 0 and counts[1] >= 2 * 2 * 2 * 2, counts  # 2 blocks, 2 norms, 2 chunks or more
+    monkeypatch.setitem(nv.chunking.MLP_MIN_WORK, "gpu", 32 * 32 * 32)  # the MLP's rule alone would chunk them
+    for gpu in ("metal", "cuda"):
+        monkeypatch.setattr(_attention, "backend", lambda gpu=gpu: gpu)
+        assert gradients(MODELS["llama"](), None, 256, norms="auto")[2].count("chunk") == 0, gpu

@@ -88,7 +88,8 @@ def test_help_and_banner_say_it_is_nuvec_s(folder, data, tmp_path, eager, capsys
     helped = capsys.readouterr().out
     assert info.value.code == 0 and helped.startswith("usage: nuvec-mlx-lora")
     assert "nuvec's mlx_lm.lora" in " ".join(helped.split())
-    for flag in ("--stages-ahead", "--attention-chunk", "--loss-chunk", "--mlp-chunk", "--projection-chunk", "--plan"):
+    flags = ("--stages-ahead", "--attention-chunk", "--loss-chunk", "--mlp-chunk", "--projection-chunk", "--norm-chunk")
+    for flag in (*flags, "--plan"):
         assert flag in helped
     nvlm.main(args(folder, data, tmp_path, "--grad-checkpoint", "--iters", 1))
     printed = ANSI.sub("", capsys.readouterr().out)
@@ -105,6 +106,7 @@ def test_help_and_banner_say_it_is_nuvec_s(folder, data, tmp_path, eager, capsys
         ("--loss-chunk", 0),
         ("--mlp-chunk", 8),
         ("--projection-chunk", 16),
+        ("--norm-chunk", 16),
         ("--plan", "plan.json"),
     ],
 )
@@ -158,7 +160,7 @@ def test_a_plan_of_nuvec_mlx_plan_checkpoints_the_blocks_it_names_and_trains_as_
 
 
 @pytest.mark.parametrize(
-    "flag", ["--attention-chunk", "--mlp-chunk", "--projection-chunk", "--loss-chunk", "--scan-chunk"]
+    "flag", ["--attention-chunk", "--mlp-chunk", "--projection-chunk", "--norm-chunk", "--loss-chunk", "--scan-chunk"]
 )
 def test_a_plan_refuses_a_chunk_flag_it_was_not_measured_with(folder, data, saved_plan, tmp_path, flag, capsys):
     with pytest.raises(SystemExit) as info:

@@ -13,19 +13,19 @@ default an architecture at the ``cpu`` suite's sizes (hidden 64, 4 layers, vocab
         --chunks mlp=1024,projections=1024
 
 ``--chunks`` sets the nuvec step's ``nv.Chunks`` as ``nuvec-mlx-bench-train --suite long --chunks`` does
-(a size in tokens, ``auto``, or 0 for off; the parts not named keep their defaults). ``--norm-chunk N``, an
-experiment no setting of the library makes, also checkpoints each block's own norms (its ``nn.RMSNorm`` and
-``nn.LayerNorm`` children) in chunks of N tokens, each a stage of the recomputation too
-(``nv.checkpoint_module(norm, chunk=N, lazy_in_recompute=False)``). Inside the timeline no stage is queued
-ahead (``ahead=0``), so a stage's peak is its own.
+(a size in tokens, ``auto``, or 0 for off; the parts not named keep their defaults: ``norms=0`` leaves the
+blocks' norms whole where the CPU's default chunks them). Inside the timeline no stage is queued ahead
+(``ahead=0``), so a stage's peak is its own.
 
 A shallow timeline stands for a deeper step: every block keeps its input until its backward pass, so at
 ``--depth N`` blocks (a public configuration's own depth by default) the step at ``ahead=0`` peaks at most at
 the timeline's highest stage plus the other blocks' inputs, from a timeline of 2 or more blocks (one block
 has no block before or after it), and at exactly that where the highest stage is the deepest block's, the
-loss head's or a forward one. The bound leaves out the adapters' gradients of the blocks done, which at
-training lengths are far smaller than the inputs freed. The probe prints it (on Llama-3.1-8B QLoRA at 8,192
-tokens, from 2 blocks: 4,397.9 MiB, against 4,398.5 measured at 32 blocks with ``--ahead 0``).
+loss head's or a forward one. Two blocks have no middle one (with LoRA the first block's input needs no
+gradient): where a middle block's stage is the highest, take 3. The bound leaves out the adapters'
+gradients of the blocks done, which at training lengths are far smaller than the inputs freed. The probe
+prints it (on Llama-3.1-8B QLoRA at 8,192 tokens, from 2 blocks: 4,397.9 MiB, against 4,398.5 measured at
+32 blocks with ``--ahead 0``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import argparse
 import dataclasses
 
 import mlx.core as mx
-import mlx.nn as nn
 
 import nuvec_mlx as nv
 from nuvec_mlx_bench import testing
@@ -50,9 +49,6 @@ def main(argv: list[str] | None = None) -> nv.memory.Timeline:
     p.add_argument("dtype", help="the weights' dtype (float32, bfloat16)")
     p.add_argument("--strategy", choices=STRATEGIES, default="nuvec")
     p.add_argument("--chunks", default="", help="the nuvec step's chunks, e.g. mlp=1024,projections=0")
-    p.add_argument(
-        "--norm-chunk", type=options.positive, help="each block's norms checkpointed in chunks of this many tokens"
-    )
     p.add_argument("--depth", type=options.positive, help="the blocks of the step to bound (a configuration's own)")
     add_size_arguments(p, batch=2, seq=128)  # an architecture's hidden, layers, vocab: 64, 4, 256 unless given
     args = p.parse_args(argv)
@@ -76,15 +72,7 @@ def main(argv: list[str] | None = None) -> nv.memory.Timeline:
         except (TypeError, ValueError) as e:
             p.error(str(e))
         label += f" --chunks {args.chunks}"
-    if args.norm_chunk and how is None:
-        p.error(f"--norm-chunk is a nuvec strategy's setting, not {args.strategy}'s")
     case = Case(w, args.strategy, how)
-    if args.norm_chunk:
-        for block in case.model.layers:
-            for norm in block.children().values():
-                if isinstance(norm, (nn.RMSNorm, nn.LayerNorm)):
-                    nv.checkpoint_module(norm, chunk=args.norm_chunk, lazy_in_recompute=False)
-        label += f" --norm-chunk {args.norm_chunk}"
     batch = case.batch(args.seq)
     case.evaluate(case.step(batch))  # compiles
     mx.synchronize()

@@ -40,6 +40,7 @@ NEED_GRAD_CHECKPOINT = (
     "loss_chunk",
     "mlp_chunk",
     "projection_chunk",
+    "norm_chunk",
     "scan_chunk",
     "plan",
 )
@@ -51,6 +52,7 @@ CHUNK_FLAGS = {
     "attention_chunk": "attention",
     "mlp_chunk": "mlp",
     "projection_chunk": "projections",
+    "norm_chunk": "norms",
     "scan_chunk": "scan",
 }
 
@@ -235,13 +237,14 @@ def main(argv: list[str] | None = None) -> None:
     """The ``nuvec-mlx-lora`` command: ``mlx_lm.lora`` training with :func:`train`.
 
     It takes ``mlx_lm.lora``'s arguments and config files unchanged
-    (``--grad-checkpoint`` checkpoints every block with nuvec), and seven more,
+    (``--grad-checkpoint`` checkpoints every block with nuvec), and eight more,
     each also a key of a config file, each needing ``--grad-checkpoint``:
     ``--stages-ahead N`` (``stages_ahead``), :func:`~nuvec_mlx.mlx_lm.train`'s
     ``ahead``; ``--loss-chunk``, ``--attention-chunk``, ``--mlp-chunk``,
-    ``--projection-chunk`` and ``--scan-chunk`` (``loss_chunk`` ...), its
-    ``chunks`` (:class:`nuvec_mlx.Chunks`: the loss head's, attention's, the
-    MLP's, attention's projections' and the recurrences' chunks): ``auto`` (the default), a size in tokens, or 0
+    ``--projection-chunk``, ``--norm-chunk`` and ``--scan-chunk``
+    (``loss_chunk`` ...), its ``chunks`` (:class:`nuvec_mlx.Chunks`: the loss
+    head's, attention's, the MLP's, attention's projections', the norms' and
+    the recurrences' chunks): ``auto`` (the default), a size in tokens, or 0
     for none; ``--plan plan.json`` (``plan``),
     the blocks checkpointed as a plan of ``nuvec-mlx-plan --save`` says
     (:meth:`nuvec_mlx.Plan.apply` after mlx-lm's LoRA conversion) instead of
@@ -329,6 +332,14 @@ def step_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]:
             help="nuvec, with --grad-checkpoint: attention's projections (q_proj, k_proj, v_proj, o_proj) in "
             "chunks of this many tokens inside the checkpointed block (LoRA's float32 products a chunk at a time); "
             "auto (the default) where the sequence is long enough for it to pay, 0 for none",
+        ),
+        parser.add_argument(
+            "--norm-chunk",
+            type=_chunk_setting,
+            default=None,
+            help="nuvec, with --grad-checkpoint: each block's norms (input_layernorm, post_attention_layernorm ...) "
+            "in chunks of this many tokens inside the checkpointed block; auto (the default) where MLX computes "
+            "them unfused, in float32 (the CPU), and the sequence is long enough for it to pay, 0 for none",
         ),
         parser.add_argument(
             "--scan-chunk",
