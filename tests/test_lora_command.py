@@ -98,6 +98,14 @@ def test_help_and_banner_say_it_is_nuvec_s(folder, data, tmp_path, eager, capsys
     assert "checkpointed: every block" in banner
 
 
+@pytest.mark.parametrize("key, setting", list(lora_command.CHUNK_FLAGS.items()))
+def test_each_chunk_flag_sets_its_part_of_the_step_s_chunks(folder, data, tmp_path, eager, key, setting, capsys):
+    nvlm.main(args(folder, data, tmp_path, "--grad-checkpoint", "--iters", 1, f"--{key.replace('_', '-')}", 16))
+    printed = " ".join(ANSI.sub("", capsys.readouterr().out).split())
+    said = dict(part.split(" ") for part in re.search(r"│ chunks (.+?) │", printed)[1].split(" · "))
+    assert said == {part: "16" if part == setting else "auto" for part in lora_command.CHUNK_FLAGS.values()}
+
+
 @pytest.mark.parametrize(
     "flag, value",
     [
