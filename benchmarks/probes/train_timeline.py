@@ -58,11 +58,12 @@ def main(argv: list[str] | None = None) -> nv.memory.Timeline:
     else:
         sizes = {"hidden": args.hidden or 64, "layers": args.layers or 4, "vocab": args.vocab or 256}
     w = TrainWorkload(args.model, args.batch, args.seq, mode=args.mode, dtype=args.dtype, **sizes)
-    layers = w.config()["num_hidden_layers"]
-    depth = args.depth or (testing.PUBLIC_CONFIGS[args.model]["num_hidden_layers"] if w.public else None)
+    config = w.config()
+    layers = config["num_hidden_layers"]
     if args.depth is not None and not 2 <= layers <= args.depth:
         p.error(f"--depth needs a timeline of 2 or more blocks, and at most --depth: got {layers} blocks")
-    depth = depth if depth is not None and layers >= 2 else None
+    own = testing.PUBLIC_CONFIGS[args.model]["num_hidden_layers"] if w.public and layers >= 2 else None
+    depth = args.depth or own
     how, label = NUVEC_STEPS.get(args.strategy), args.strategy
     if args.chunks:
         if how is None:
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> nv.memory.Timeline:
         print(f"  {r.name():36s} active {(r.active - start) / 2**20:8.2f}  peak {(r.peak - start) / 2**20:8.2f}")
     print(t.describe())
     if depth is not None:
-        print(_deeper(t, start, layers, depth, args.batch * args.seq, w.config()["hidden_size"], args.dtype))
+        print(_deeper(t, start, layers, depth, args.batch * args.seq, config["hidden_size"], args.dtype))
     return t
 
 
