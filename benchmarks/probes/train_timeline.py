@@ -24,8 +24,7 @@ has no block before or after it), and at exactly that where the highest stage is
 loss head's or a forward one. Two blocks have no middle one (with LoRA the first block's input needs no
 gradient): where a middle block's stage is the highest, take 3. The bound leaves out the adapters'
 gradients of the blocks done, which at training lengths are far smaller than the inputs freed. The probe
-prints it (on Llama-3.1-8B QLoRA at 8,192 tokens, from 2 blocks: 4,397.9 MiB, against 4,398.5 measured at
-32 blocks with ``--ahead 0``).
+prints it; its check against a whole model's step is in ``benchmarks/results/h100/2026-12-07-8k-chunk-levers/``.
 """
 
 from __future__ import annotations
