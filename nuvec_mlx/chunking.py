@@ -210,7 +210,8 @@ class Chunks:
         scan: a recurrence's tokens per chunk (gated delta, state-space scans).
         projections: the tokens per chunk of attention's projections (a
             child named as in :data:`PROJECTIONS`); ``"auto"`` sizes each as
-            :func:`mlp_tokens` sizes an MLP, of the projection's width.
+            :func:`mlp_tokens` sizes an MLP, of the projection's width or
+            its input's, the wider.
         norms: the tokens per chunk of a block's norms (children named as
             in :data:`NORMS`); ``"auto"`` chunks them where MLX computes
             them unfused (the CPU, in float32), sized as :func:`mlp_tokens`
@@ -274,12 +275,13 @@ class _TokenWise:
 
 
 def _width(module: nn.Module, hidden: int) -> int:
-    """The widest output of ``module``'s layers (an MLP's hidden width, a projection's output): the largest
-    first dimension of its ``weight`` arrays (a quantized layer's too: packed along its input); ``hidden``
-    where it has none (a norm's weight is a vector)."""
+    """The widest of ``module``'s input (``hidden``) and its layers' outputs (an MLP's hidden width, a
+    projection's output: the largest first dimension of its ``weight`` arrays, a quantized layer's too, packed
+    along its input). The input counts too: a LoRA projection's backward pass holds a float32 copy of it, so
+    key and value projections narrower than their input (heads sharing them) are sized as the query's."""
     weights = dict(tree_flatten(module.parameters()))
     widths = [v.shape[0] for k, v in weights.items() if k.endswith("weight") and v.ndim == 2]
-    return max(widths, default=hidden)
+    return max([hidden, *widths])
 
 
 @dataclasses.dataclass(frozen=True)

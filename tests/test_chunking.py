@@ -314,12 +314,14 @@ def test_projections_and_norms_in_chunks_have_the_unchunked_loss_and_gradients(a
     assert not any(nv.is_checkpointed(m) for b in model.layers for m in find(b))  # undone
 
 
-def test_auto_chunks_a_long_sequence_s_projections_and_leaves_a_short_one_whole(monkeypatch):
-    """The projections' rule is the MLP's, of each projection's width: with the CPU's least work per chunk
-    lowered to this model's size, chunks at 256 tokens, none at 32."""
+def test_auto_chunks_a_long_sequence_s_projections_alike_and_leaves_a_short_one_whole(monkeypatch):
+    """The projections' rule is the MLP's, of each projection's width or its input's, the wider: with the CPU's
+    least work per chunk lowered to 32 rows of this Llama's width (32), every projection in chunks of 32 at 256
+    tokens, the key and value projections too (their output is 16 wide: 2 of the 4 heads, but their backward
+    pass holds a float32 copy of their 32-wide input), and none at 32 tokens."""
     monkeypatch.setitem(nv.chunking.MLP_MIN_WORK, "cpu", 32 * 32 * 32)
     counts = [gradients(MODELS["llama"](), None, tokens, projections="auto")[2].count("chunk") for tokens in (32, 256)]
-    assert counts[0] == 0 and counts[1] >= 2 * 4 * 2 * 2, counts  # 2 blocks, 4 projections, 2 chunks or more
+    assert counts == [0, 2 * 4 * 8 * 3]  # 2 blocks, 4 projections, 8 chunks in 3 stages each
 
 
 def test_auto_chunks_the_norms_where_mlx_computes_them_unfused_and_leaves_fused_ones_whole(monkeypatch):
