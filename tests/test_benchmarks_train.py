@@ -21,7 +21,7 @@ from nuvec_mlx import mlx_lm as nv_mlx_lm
 from nuvec_mlx.memory import MiB
 from nuvec_mlx_bench import testing
 from nuvec_mlx_bench.core import options
-from nuvec_mlx_bench.train import cases, command, lengths, long, long_report, planner, report, trainers
+from nuvec_mlx_bench.train import cases, command, lengths, long, planner, report, trainers
 from nuvec_mlx_bench.train.cases import NUVEC_STEPS, STRATEGIES, Case, TrainWorkload
 
 TINY = TrainWorkload("llama", batch=2, seq=32, hidden=32, layers=2, vocab=64)
@@ -711,7 +711,9 @@ def test_the_long_suite_searches_by_measuring_and_writes_its_files(tmp_path, cap
 
 
 def test_the_long_report_writes_its_table_json_and_plot(tmp_path):
-    args = long.parse_args([*LONG_ARGV, "--lengths", "64,128", "--memory", "4MiB", "--steps", "3"])
+    args = long.parse_args(
+        [*LONG_ARGV, "--lengths", "64,128", "--memory", "4MiB", "--steps", "3", "--out", str(tmp_path)]
+    )
     args.searched = args.memory
     at = {t: dataclasses.replace(args.workloads[0], seq=t) for t in (64, 128)}
     mlx_lm, nuvec = trainers.Trainer("mlx-lm"), trainers.Trainer("nuvec", chunks=(("mlp", 32),))
@@ -728,7 +730,7 @@ def test_the_long_report_writes_its_table_json_and_plot(tmp_path):
         "memory": 4 * MiB, "longest": 128, "peak_in_all": 3 * MiB, "shortest_not_fitting": None,
         "planner": planned}}}]  # fmt: skip
     results = {"environment": {"command": "c", "backend": "cpu", "device": "d", "mlx": "m", "blas": "b"}}
-    written = long_report.write(tmp_path, {**results, "runs": runs, "searches": searches}, args)
+    written = long.write(args, {**results, "runs": runs, "searches": searches})
     assert [p.name for p in written] == ["results.json", "results.md", "peak_vs_length.png", "longest_vs_memory.png"]
     md = (tmp_path / "results.md").read_text().splitlines()
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in md if line.startswith("| llama")]
@@ -804,3 +806,32 @@ def test_the_command_runs_the_long_suite_with_its_own_options(monkeypatch, capsy
     with pytest.raises(SystemExit):
         command.parse_args(["--suite", "long"])
     assert "options of its own" in capsys.readouterr().err
+
+
+def test_merge_draws_earlier_runs_folders_as_one_with_times_set_against_their_own_folder_s(tmp_path, capsys):
+    mlx_lm, nuvec = trainers.Trainer("mlx-lm"), trainers.Trainer("nuvec")
+    folders = {"a": [(nuvec, 64)], "b": [(mlx_lm, 64), (nuvec, 128), (mlx_lm, 128)]}  # nuvec at 64: no mlx-lm in a
+    for name, trained in folders.items():
+        args = long.parse_args([*LONG_ARGV, "--out", str(tmp_path / name)])
+        runs = []
+        for trainer, length in trained:
+            w = dataclasses.replace(args.workloads[0], seq=length)
+            runs.append(long.record(w, trainer, fake_outcome(MiB, [MiB] * 3), "sweep"))
+            runs[-1]["seconds"] = [2.0 if trainer is nuvec else 1.0] * 3
+        env = {"command": f"c-{name}", "backend": "cpu", "device": f"d-{name}", "mlx": "m", "blas": "b"}
+        long.write(args, {"environment": env, "models": [], "runs": runs, "searches": []})
+    out = tmp_path / "all"
+    results = long.run(["--suite", "long", "--merge", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)])
+    assert [(r["trainer"], r["length"], r["source"]) for r in results["runs"]] == [
+        ("nuvec", 64, "a"), ("mlx-lm", 64, "b"), ("nuvec", 128, "b"), ("mlx-lm", 128, "b")]  # fmt: skip
+    md = (out / "results.md").read_text()
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in md.splitlines() if line.startswith("| llama")]
+    assert sorted((r[1], r[2], r[9], r[-1]) for r in rows) == [
+        ("128", "mlx-lm", "1.00", "`b`"), ("128", "nuvec", "2.00", "`b`"),
+        ("64", "mlx-lm", "1.00", "`b`"), ("64", "nuvec", "", "`a`")]  # fmt: skip
+    assert "- device: `by folder`" in md and "- `a`: `c-a`, ?, d-a" in md and "- `b`: `c-b`, ?, d-b" in md
+    assert (out / "peak_vs_length.png").stat().st_size > 0 and "wrote" in capsys.readouterr().out
+    for argv, message in [([str(tmp_path)], "no results.json"), ([str(tmp_path / "a")] * 2, "these repeat")]:
+        with pytest.raises(SystemExit):
+            long.parse_args(["--suite", "long", "--merge", *argv])
+        assert message in capsys.readouterr().err

@@ -120,6 +120,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--run-timeout", type=float, help="seconds a run may take before it is stopped (default: none)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/out/train-long"), help="output folder")
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        metavar="FOLDER",
+        help="run nothing: write the results of these earlier runs' --out folders together into --out (their "
+        "tables and plots as one, e.g. one length per run)",
+    )
     args = p.parse_args(argv)
     if args.archs is not None or args.configs is not None:  # one given: the other is none unless given too
         args.archs, args.configs = args.archs or "", args.configs or ""
@@ -135,6 +143,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _check(args: argparse.Namespace) -> None:
     """Turn the lists into values (``args.workloads``, ``args.trainer_list`` ...) or raise naming the flag."""
+    missing = [str(f) for f in args.merge or [] if not (f / "results.json").is_file()]
+    if missing:
+        raise ValueError(f"--merge: no results.json (a folder this suite wrote) in {', '.join(missing)}")
+    if args.merge and len({f.name for f in args.merge}) < len(args.merge):
+        raise ValueError(f"--merge: the folders' names tell their runs apart; these repeat: {args.merge}")
     args.lengths = sorted({options.positive(s) for s in options.csv(args.lengths)})
     args.memory = sorted({options.memory_size(m) for m in options.csv(args.memory)} - {0})
     if args.steps < 2:
@@ -297,6 +310,25 @@ def search_trainer(
     return {"workload": long_report.model_label(w), "trainer": t.label(), "results": found}
 
 
+def write(args: argparse.Namespace, results: dict[str, Any], partial: bool = False) -> list[Path]:
+    """Write the suite's files for ``results`` into ``--out`` (:func:`.long_report.write`), with their notes; a
+    ``partial`` run's say it was still going."""
+    lines = long_report.notes(results, args)
+    if partial:
+        lines.insert(0, "- partial: the run was still going")
+    return long_report.write(args.out, results, lines, args.memory)
+
+
+def merge(args: argparse.Namespace) -> dict[str, Any]:
+    """``--merge``: the folders' results as one (:func:`.long_report.merge`), written into ``--out``; nothing run."""
+    results, lines = long_report.merge(args.merge)
+    memory = sorted({f["memory"] for s in results["searches"] for f in long_report.findings(s)})
+    written = long_report.write(args.out, results, lines, memory)
+    print("\n".join(long_report.table(results["runs"])))
+    print(f"wrote {', '.join(p.name for p in written)} into {args.out}")
+    return results
+
+
 def run(argv: list[str] | None = None, runner: Runner | None = None) -> dict[str, Any]:
     """Run the suite that the command line ``argv`` asks for; write and return its results.
 
@@ -309,6 +341,8 @@ def run(argv: list[str] | None = None, runner: Runner | None = None) -> dict[str
         ``searches``.
     """
     args = parse_args(argv)
+    if args.merge:
+        return merge(args)
     run_one = runner or functools.partial(trainers.run, timeout=args.run_timeout)
     env = trainers.describe(environment.command_line("nuvec-mlx-bench-train", argv))
     args.searched = _searchable(args.memory, env.get("device_memory", 0))
@@ -316,7 +350,7 @@ def run(argv: list[str] | None = None, runner: Runner | None = None) -> dict[str
 
     def done(r: dict) -> None:
         results["runs"].append(r)
-        long_report.write(args.out, results, args, partial=True)
+        write(args, results, partial=True)
 
     with trainers.model_cache(args.model_cache) as cache:
         total = len(args.workloads) * len(args.trainer_list) * len(args.lengths)
@@ -335,8 +369,8 @@ def run(argv: list[str] | None = None, runner: Runner | None = None) -> dict[str
                     results["searches"].append(found)
                     if args.plan_length and planner.plans(t):
                         plan_beside(found, w, t, args, folder)
-                        long_report.write(args.out, results, args, partial=True)
-    written = long_report.write(args.out, results, args)
+                        write(args, results, partial=True)
+    written = write(args, results)
     print("\n".join(long_report.table(results["runs"])))
     print("\n".join(long_report.search_table(results["searches"])))
     print(f"wrote {', '.join(p.name for p in written)} into {args.out}")

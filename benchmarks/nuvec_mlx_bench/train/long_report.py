@@ -52,22 +52,26 @@ def blocks_inputs(r: dict) -> int:
 
 
 def _base_time(runs: list[dict], r: dict) -> float | None:
-    """mlx-lm's median step time in the sweep at ``r``'s model and length, if it ran."""
+    """mlx-lm's median step time in the sweep at ``r``'s model and length (in ``r``'s folder where results were
+    merged), if it ran."""
     for other in runs:
         same = (other["workload"], other["length"], other["phase"]) == (r["workload"], r["length"], "sweep")
+        same = same and other.get("source") == r.get("source")  # merged results: mlx-lm's run of r's folder
         if same and other["trainer"] == "mlx-lm" and other["status"] == "ok" and len(other["seconds"]) > 1:
             return float(statistics.median(other["seconds"][1:]))
     return None
 
 
 def table(runs: list[dict]) -> list[str]:
-    """The sweep's Markdown table: one line per model, length and trainer."""
+    """The sweep's Markdown table: one line per model, length and trainer; where results were merged
+    (:func:`merge`), the folder each run came from."""
+    sweep = [r for r in runs if r["phase"] == "sweep"]
+    merged = any("source" in r for r in sweep)
     lines = [
         "| model | tokens | trainer | held MiB | step peak MiB (min–max) | peak in all MiB | blocks' inputs MiB "
-        "| peak / blocks' inputs | step s (min–max) | time / mlx-lm's | outcome |",
-        "| --- " * 11 + "|",
+        "| peak / blocks' inputs | step s (min–max) | time / mlx-lm's | outcome |" + (" from |" if merged else ""),
+        "| --- " * (12 if merged else 11) + "|",
     ]
-    sweep = [r for r in runs if r["phase"] == "sweep"]
     for r in sorted(sweep, key=lambda r: (r["workload"], r["length"])):
         peak, seconds = steps_after_first(r["peaks"]), steps_after_first(r["seconds"])
         inputs = blocks_inputs(r)
@@ -84,6 +88,7 @@ def table(runs: list[dict]) -> list[str]:
             spread(seconds, 1, 2) if seconds else "",
             f"{seconds['median'] / base:.2f}" if seconds and base and r["status"] == "ok" else "",
             outcome_text(r),
+            *([f"`{r.get('source', '')}`"] if merged else []),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -186,14 +191,15 @@ def notes(results: dict, args: argparse.Namespace) -> list[str]:
     return lines
 
 
-def _found(search: dict) -> list[dict]:
+def findings(search: dict) -> list[dict]:
+    """A search's findings, one per memory (none where it failed)."""
     return [] if "error" in search["results"] else list(search["results"].values())
 
 
-def plot(results: dict, args: argparse.Namespace) -> Figure | None:
+def plot(results: dict, memory: list[int]) -> Figure | None:
     """Peak in all against length, one panel per model and mode, one line per trainer; held + the
-    blocks' inputs dashed, the memories searched dotted, each trainer's longest fitting length a
-    vertical line; a run that did not fit is a cross at the top."""
+    blocks' inputs dashed, the memories searched (``memory``, bytes) dotted, each trainer's longest
+    fitting length a vertical line; a run that did not fit is a cross at the top."""
     runs = results["runs"]
     labels = list(dict.fromkeys(r["workload"] for r in runs))
     if not labels:
@@ -202,7 +208,7 @@ def plot(results: dict, args: argparse.Namespace) -> Figure | None:
     axes = fig.subplots(len(labels), 1, squeeze=False)
     for ax, label in zip(axes[:, 0], labels):
         mine = [r for r in runs if r["workload"] == label]
-        _panel(ax, mine, [s for s in results["searches"] if s["workload"] == label], args.memory)
+        _panel(ax, mine, [s for s in results["searches"] if s["workload"] == label], memory)
         ax.set_title(f"{label} (dashed: held + blocks' inputs; x: did not fit)", fontsize=9)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
@@ -220,7 +226,7 @@ def _panel(ax: Any, runs: list[dict], searches: list[dict], memory: list[int]) -
         failed = sorted({r["length"] for r in mine if r["status"] != "ok"} - {t for t, _ in points})
         ax.plot(failed, [1.0] * len(failed), "x", color=color, ms=7, transform=ax.get_xaxis_transform(), clip_on=False)
         for s in searches:
-            for found in _found(s) if s["trainer"] == trainer else []:
+            for found in findings(s) if s["trainer"] == trainer else []:
                 if found["longest"]:
                     ax.axvline(found["longest"], color=color, ls=":", lw=0.8)
     held = next((r["held"] for r in runs if r["held"] is not None), 0)
@@ -239,7 +245,7 @@ def fits_plot(results: dict) -> Figure | None:
     """What fits: the longest length measured to fit against the memory, one panel per model and mode, one
     line per trainer; the planner's answers (``--plan-length``) as open markers. ``None`` before a search
     found a length."""
-    searches = [s for s in results["searches"] if any(f["longest"] for f in _found(s))]
+    searches = [s for s in results["searches"] if any(f["longest"] for f in findings(s))]
     labels = list(dict.fromkeys(s["workload"] for s in searches))
     if not labels:
         return None
@@ -248,7 +254,7 @@ def fits_plot(results: dict) -> Figure | None:
         ticks: dict[float, str] = {}
         for s in (s for s in searches if s["workload"] == label):
             color, marker = STYLES.get(s["trainer"].split(" ")[0], ("k", "o"))
-            found = sorted(_found(s), key=lambda f: f["memory"])
+            found = sorted(findings(s), key=lambda f: f["memory"])
             gib = [f["memory"] / 2**30 for f in found]
             ticks.update({m: options.size_text(f["memory"]) for m, f in zip(gib, found)})
             ax.plot(gib, [f["longest"] for f in found], marker + "-", ms=4, color=color, label=s["trainer"])
@@ -267,16 +273,14 @@ def fits_plot(results: dict) -> Figure | None:
     return fig
 
 
-def write(out: Path, results: dict, args: argparse.Namespace, partial: bool = False) -> list[Path]:
-    """Write ``results.json``, ``results.md``, ``peak_vs_length.png`` and, once a search found a length,
-    ``longest_vs_memory.png`` into ``out``; return the files."""
+def write(out: Path, results: dict, lines: list[str], memory: list[int]) -> list[Path]:
+    """Write ``results.json``, ``results.md`` (with ``lines``, the notes: :func:`notes`), ``peak_vs_length.png``
+    and, once a search found a length, ``longest_vs_memory.png`` into ``out``; return the files. ``memory``:
+    the memories searched, in bytes, drawn in the first plot."""
     out.mkdir(parents=True, exist_ok=True)
     env = results["environment"]
-    lines = notes(results, args)
-    if partial:
-        lines.insert(0, "- partial: the run was still going")
     text = caption(env) + f", mlx-lm {env.get('mlx_lm', '?')}"
-    figures = {"peak_vs_length.png": plot(results, args), "longest_vs_memory.png": fits_plot(results)}
+    figures = {"peak_vs_length.png": plot(results, memory), "longest_vs_memory.png": fits_plot(results)}
     plots = [save_figure(fig, out / name, text) for name, fig in figures.items() if fig is not None]
     (out / "results.json").write_text(json.dumps({**results, "notes": lines}, indent=1))
     head = ["# Fine-tuning benchmark: long sequences", "", *(f"- {k}: `{v}`" for k, v in env.items()), ""]
@@ -284,3 +288,38 @@ def write(out: Path, results: dict, args: argparse.Namespace, partial: bool = Fa
     pics = [f"![{p.stem}]({p.name})" for p in plots]
     (out / "results.md").write_text("\n".join(head + lines + [""] + body + [""] + pics) + "\n")
     return [out / "results.json", out / "results.md", *plots]
+
+
+def merge(folders: list[Path]) -> tuple[dict, list[str]]:
+    """The results of earlier runs of the suite, one folder each, as one: the runs and searches of every
+    folder, each tagged with its folder's name (``source``), and their notes.
+
+    So that lengths measured on separate runs (a long length each, or a loan each) are drawn and tabled
+    together. The environment keeps what every folder shares and says ``by folder`` where they differ; the
+    notes say each folder's command, date and device, then each folder's notes, each once. A time is set
+    against mlx-lm's of the same folder only.
+
+    Args:
+        folders: folders holding a ``results.json`` written by the suite.
+
+    Returns:
+        The merged results (as :func:`nuvec_mlx_bench.train.long.run` returns) and their notes.
+
+    Example:
+        >>> results, lines = merge([Path("8k"), Path("16k")])
+    """
+    parts = {Path(f).name: json.loads((Path(f) / "results.json").read_text()) for f in folders}
+    envs = [p["environment"] for p in parts.values()]
+    keys = dict.fromkeys(k for e in envs for k in e)
+    env = {k: envs[0].get(k) if all(e.get(k) == envs[0].get(k) for e in envs) else "by folder" for k in keys}
+    results = {
+        "environment": env,
+        "models": [m for p in parts.values() for m in p["models"]],
+        "runs": [{**r, "source": name} for name, p in parts.items() for r in p["runs"]],
+        "searches": [{**s, "source": name} for name, p in parts.items() for s in p["searches"]],
+    }
+    sources = [
+        f"- `{name}`: `{e['command']}`, {e.get('date', '?')}, {e.get('device', '?')}" for name, e in zip(parts, envs)
+    ]
+    lines = [f"- merged from {len(parts)} folders:", *(f"  {line}" for line in sources)]
+    return results, lines + list(dict.fromkeys(line for p in parts.values() for line in p.get("notes", [])))
