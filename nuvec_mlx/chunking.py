@@ -68,6 +68,10 @@ FEED_FORWARD = ("mlp", "feed_forward", "block_sparse_moe")
 #: setting checkpoints in chunks (mlx-lm's names; Phi-3 projects queries, keys and values at once).
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj")
 
+#: The names mixtures of experts give their experts per token (mlx-lm's: Qwen3-MoE's and DeepSeek's router's
+#: ``top_k``, Mixtral's and OLMoE's ``num_experts_per_tok``), which the MLP setting's rule reads.
+TOP_K = ("top_k", "num_experts_per_tok")
+
 #: The names blocks give their norms (mlx-lm's names; Gemma's four), which treat tokens independently: what the
 #: norms setting checkpoints in chunks.
 NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
@@ -275,13 +279,25 @@ class _TokenWise:
 
 
 def _width(module: nn.Module, hidden: int) -> int:
-    """The widest of ``module``'s input (``hidden``) and its layers' outputs (an MLP's hidden width, a
-    projection's output: the largest first dimension of its ``weight`` arrays, a quantized layer's too, packed
-    along its input). The input counts too: a LoRA projection's backward pass holds a float32 copy of it, so
-    key and value projections narrower than their input (heads sharing them) are sized as the query's."""
-    weights = dict(tree_flatten(module.parameters()))
-    widths = [v.shape[0] for k, v in weights.items() if k.endswith("weight") and v.ndim == 2]
-    return max([hidden, *widths])
+    """The widest of ``module``'s input (``hidden``) and what its layers compute per token: a layer's output (an
+    MLP's hidden width, a projection's output: the first dimension of its 2-D ``weight``, a quantized layer's
+    too, packed along its input), and a mixture of experts' chosen experts' (:func:`_experts_width`). The input
+    counts too: a LoRA projection's backward pass holds a float32 copy of it, so key and value projections
+    narrower than their input (heads sharing them) are sized as the query's."""
+    weights = [v for k, v in dict(tree_flatten(module.parameters())).items() if k.endswith("weight")]
+    widths = [v.shape[0] for v in weights if v.ndim == 2]
+    return max([hidden, *widths, _experts_width(module, [v.shape[1] for v in weights if v.ndim == 3])])
+
+
+def _experts_width(module: nn.Module, widths: list[int]) -> int:
+    """What a mixture of experts computes per token: its experts per token (:data:`TOP_K`, on the module or a
+    module in it, such as its router; 1 where none is found) x the widest of its experts' layers (``widths``,
+    the second dimension of their 3-D ``weight``: experts x outputs x inputs); 0 without experts."""
+    if not widths:
+        return 0
+    found = (getattr(m, name, None) for _, m in module.named_modules() for name in TOP_K)
+    top_k = next((k for k in found if isinstance(k, int) and not isinstance(k, bool) and k >= 1), 1)
+    return top_k * max(widths)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -58,7 +58,7 @@ MODELS = {  # the attention each exercises: causal, GQA with q/k norms, a slidin
         head_dim=16,
         sliding_window=24,
     ),
-    "gpt_oss": lambda: build(
+    "gpt_oss": lambda experts=2, per_token=1: build(
         gpt_oss,
         model_type="gpt_oss",
         hidden_size=32,
@@ -67,8 +67,8 @@ MODELS = {  # the attention each exercises: causal, GQA with q/k norms, a slidin
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=8,
-        num_local_experts=2,
-        num_experts_per_tok=1,
+        num_local_experts=experts,
+        num_experts_per_tok=per_token,
         sliding_window=24,
         layer_types=["sliding_attention", "full_attention"],
     ),
@@ -275,6 +275,16 @@ def test_the_rules_bound_each_part_by_a_share_of_the_blocks_inputs_at_long_lengt
         chunking.mlp_tokens(2048, 2048, 8192, backend="tpu")
 
 
+def mlp_chunks(model, tokens: int) -> int:
+    """The chunk stages of a step with every block checkpointed and only the MLP in chunks, by its rule."""
+    nv.checkpoint_layers(model)
+    nv.chunk_layers(model, nv.Chunks(attention=None, projections=None, norms=None))
+    step = nv.TrainingStep(model, default_loss, compile=False)
+    with nv.memory.timeline() as timeline:
+        step(*batch(tokens))
+    return [r.kind for r in timeline.readings].count("chunk")
+
+
 def test_auto_chunks_a_long_sequence_s_mlp_and_leaves_a_short_one_whole(monkeypatch):
     """The rule asked at each call, with the call's sizes: a Llama of hidden 32 (MLP 64, 2 blocks), with the
     CPU's least work per chunk lowered to this model's size, in chunks of 32 tokens at 256 tokens (each MLP's 8
@@ -282,16 +292,18 @@ def test_auto_chunks_a_long_sequence_s_mlp_and_leaves_a_short_one_whole(monkeypa
     monkeypatch.setitem(nv.chunking.MLP_MIN_WORK, "cpu", 32 * 32 * 64)
     assert nv.chunking.mlp_tokens(256, 32, 64, blocks=2, backend="cpu") == 32
     assert nv.chunking.mlp_tokens(32, 32, 64, blocks=2, backend="cpu") is None
-    model = MODELS["llama"]()
-    nv.checkpoint_layers(model)
-    nv.chunk_layers(model, nv.Chunks(attention=None, projections=None, norms=None))
-    step = nv.TrainingStep(model, default_loss, compile=False)
-    counts = []
-    for tokens in (32, 256):
-        with nv.memory.timeline() as timeline:
-            step(*batch(tokens))
-        counts.append([r.kind for r in timeline.readings].count("chunk"))
+    counts = [mlp_chunks(MODELS["llama"](), tokens) for tokens in (32, 256)]
     assert counts[1] - counts[0] == 2 * 2 * 8, counts  # 2 blocks, forward and backward, 8 chunks each
+
+
+def test_auto_sizes_a_mixture_of_experts_by_its_experts_per_token(monkeypatch):
+    """A mixture of experts computes its chosen experts for each token: the rule sizes it as an MLP of its experts
+    per token x their width. gpt-oss of hidden 32 with experts 32 wide, at 256 tokens, the CPU's least work per
+    chunk lowered to 32 rows of a 64-wide MLP: one expert per token, chunks of 64 tokens (4 a block); two of four
+    experts per token, chunks of 32 (8 a block)."""
+    monkeypatch.setitem(nv.chunking.MLP_MIN_WORK, "cpu", 32 * 32 * 64)
+    one, two = (mlp_chunks(MODELS["gpt_oss"](4, k), 256) - mlp_chunks(MODELS["gpt_oss"](4, k), 32) for k in (1, 2))
+    assert (one, two) == (2 * 2 * 4, 2 * 2 * 8)  # 2 blocks, forward and backward
 
 
 @pytest.mark.parametrize("arch", list(MODELS))
