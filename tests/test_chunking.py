@@ -80,12 +80,12 @@ def batch(tokens: int):
     return ids, mx.array([[0, tokens]])
 
 
-def gradients(model, setting, tokens, projections=None, norms=None):
+def gradients(model, setting, tokens, projections=None, norms=None, mlp=None):
     """The loss and gradients of a step with every block checkpointed, attention chunked as ``setting`` says,
-    attention's projections as ``projections`` and the blocks' norms as ``norms`` (the MLP whole), and the kinds
-    of the step's stages."""
+    attention's projections as ``projections``, the blocks' norms as ``norms`` and their MLP as ``mlp`` (whole
+    by default), and the kinds of the step's stages."""
     nv.checkpoint_layers(model)
-    nv.chunk_layers(model, nv.Chunks(attention=setting, mlp=None, projections=projections, norms=norms))
+    nv.chunk_layers(model, nv.Chunks(attention=setting, mlp=mlp, projections=projections, norms=norms))
     step = nv.TrainingStep(model, default_loss, compile=False)
     with nv.memory.timeline() as timeline:
         ((loss, _), grads) = step(*batch(tokens))
@@ -277,12 +277,7 @@ def test_the_rules_bound_each_part_by_a_share_of_the_blocks_inputs_at_long_lengt
 
 def mlp_chunks(model, tokens: int) -> int:
     """The chunk stages of a step with every block checkpointed and only the MLP in chunks, by its rule."""
-    nv.checkpoint_layers(model)
-    nv.chunk_layers(model, nv.Chunks(attention=None, projections=None, norms=None))
-    step = nv.TrainingStep(model, default_loss, compile=False)
-    with nv.memory.timeline() as timeline:
-        step(*batch(tokens))
-    return [r.kind for r in timeline.readings].count("chunk")
+    return gradients(model, None, tokens, mlp="auto")[2].count("chunk")
 
 
 def test_auto_chunks_a_long_sequence_s_mlp_and_leaves_a_short_one_whole(monkeypatch):

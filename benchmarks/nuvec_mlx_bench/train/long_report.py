@@ -55,8 +55,8 @@ def _base_time(runs: list[dict], r: dict) -> float | None:
     """mlx-lm's median step time in the sweep at ``r``'s model and length (in ``r``'s folder where results were
     merged), if it ran."""
     for other in runs:
-        same = (other["workload"], other["length"], other["phase"]) == (r["workload"], r["length"], "sweep")
-        same = same and other.get("source") == r.get("source")  # merged results: mlx-lm's run of r's folder
+        keys = (other["workload"], other["length"], other["phase"], other.get("source"))  # source: a merged folder
+        same = keys == (r["workload"], r["length"], "sweep", r.get("source"))
         if same and other["trainer"] == "mlx-lm" and other["status"] == "ok" and len(other["seconds"]) > 1:
             return float(statistics.median(other["seconds"][1:]))
     return None
