@@ -21,7 +21,7 @@ from nuvec_mlx import mlx_lm as nv_mlx_lm
 from nuvec_mlx.memory import MiB
 from nuvec_mlx_bench import testing
 from nuvec_mlx_bench.core import options
-from nuvec_mlx_bench.train import cases, command, lengths, long, planner, report, trainers
+from nuvec_mlx_bench.train import cases, command, lengths, long, long_report, planner, report, trainers
 from nuvec_mlx_bench.train.cases import NUVEC_STEPS, STRATEGIES, Case, TrainWorkload
 
 TINY = TrainWorkload("llama", batch=2, seq=32, hidden=32, layers=2, vocab=64)
@@ -710,6 +710,23 @@ def test_the_long_suite_searches_by_measuring_and_writes_its_files(tmp_path, cap
     assert (tmp_path / "longest_vs_memory.png").stat().st_size > 0
 
 
+def test_a_search_s_finding_is_written_before_the_planner_is_asked(tmp_path, monkeypatch):
+    """A run cut off while the planner measures (minutes on a GPU) keeps what its search found."""
+
+    def cut_off(*args, **kwargs):
+        raise KeyboardInterrupt  # the run's time is up
+
+    monkeypatch.setattr(long, "_model", lambda w, cache, models: tmp_path)
+    monkeypatch.setattr(planner, "longest", cut_off)
+    argv = [*LONG_ARGV, "--modes", "lora", "--trainers", "nuvec", "--lengths", "", "--memory", "3MiB"]
+    argv += ["--granularity", "64", "--max-length", "512", "--plan-length", "128", "--out", str(tmp_path / "out")]
+    with pytest.raises(KeyboardInterrupt):
+        long.run(argv, runner=lambda spec: fake_outcome(MiB, [spec.workload.seq << 12]))  # 4 KiB a token
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    (search,) = data["searches"]
+    assert search["results"]["3MiB"]["longest"] == 512 and "planner" not in search["results"]["3MiB"]
+
+
 def test_the_long_report_writes_its_table_json_and_plot(tmp_path):
     args = long.parse_args(
         [*LONG_ARGV, "--lengths", "64,128", "--memory", "4MiB", "--steps", "3", "--out", str(tmp_path)]
@@ -806,6 +823,22 @@ def test_the_command_runs_the_long_suite_with_its_own_options(monkeypatch, capsy
     with pytest.raises(SystemExit):
         command.parse_args(["--suite", "long"])
     assert "options of its own" in capsys.readouterr().err
+
+
+def test_what_fits_draws_a_trainer_s_findings_as_one_line_across_its_searches():
+    """As a merge of folders that each searched some memories gives them."""
+
+    def found(gib: int, longest: int) -> dict:
+        return {f"{gib}GiB": {"memory": gib << 30, "longest": longest, "peak_in_all": 1, "shortest_not_fitting": None}}
+
+    searches = [
+        {"workload": "w", "trainer": "nuvec", "results": found(24, 49152)},
+        {"workload": "w", "trainer": "mlx-lm", "results": found(16, 1024)},
+        {"workload": "w", "trainer": "nuvec", "results": found(16, 24576)},
+    ]
+    (ax,) = long_report.fits_plot({"searches": searches}).axes
+    lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()}
+    assert lines == {"nuvec": ([16.0, 24.0], [24576, 49152]), "mlx-lm": ([16.0], [1024])}
 
 
 def test_merge_draws_earlier_runs_folders_as_one_with_times_set_against_their_own_folder_s(tmp_path, capsys):

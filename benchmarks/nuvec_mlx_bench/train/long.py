@@ -367,6 +367,7 @@ def run(argv: list[str] | None = None, runner: Runner | None = None) -> dict[str
                 for t in args.trainer_list if args.searched else []:
                     found = search_trainer(w, t, args, folder, known[t.label()], run_one, ended)
                     results["searches"].append(found)
+                    write(args, results, partial=True)  # before the planner, which may take minutes
                     if args.plan_length and planner.plans(t):
                         plan_beside(found, w, t, args, folder)
                         write(args, results, partial=True)

@@ -243,8 +243,8 @@ def _panel(ax: Any, runs: list[dict], searches: list[dict], memory: list[int]) -
 
 def fits_plot(results: dict) -> Figure | None:
     """What fits: the longest length measured to fit against the memory, one panel per model and mode, one
-    line per trainer; the planner's answers (``--plan-length``) as open markers. ``None`` before a search
-    found a length."""
+    line per trainer (its searches' findings together: a merge's folders may each have searched some memories);
+    the planner's answers (``--plan-length``) as open markers. ``None`` before a search found a length."""
     searches = [s for s in results["searches"] if any(f["longest"] for f in findings(s))]
     labels = list(dict.fromkeys(s["workload"] for s in searches))
     if not labels:
@@ -252,15 +252,16 @@ def fits_plot(results: dict) -> Figure | None:
     fig = Figure(figsize=(6, 1.5 + 3.2 * len(labels)))
     for ax, label in zip(fig.subplots(len(labels), 1, squeeze=False)[:, 0], labels):
         ticks: dict[float, str] = {}
-        for s in (s for s in searches if s["workload"] == label):
-            color, marker = STYLES.get(s["trainer"].split(" ")[0], ("k", "o"))
-            found = sorted(findings(s), key=lambda f: f["memory"])
+        mine = [s for s in searches if s["workload"] == label]
+        for trainer in dict.fromkeys(s["trainer"] for s in mine):
+            color, marker = STYLES.get(trainer.split(" ")[0], ("k", "o"))
+            found = sorted((f for s in mine if s["trainer"] == trainer for f in findings(s)), key=lambda f: f["memory"])
             gib = [f["memory"] / 2**30 for f in found]
             ticks.update({m: options.size_text(f["memory"]) for m, f in zip(gib, found)})
-            ax.plot(gib, [f["longest"] for f in found], marker + "-", ms=4, color=color, label=s["trainer"])
+            ax.plot(gib, [f["longest"] for f in found], marker + "-", ms=4, color=color, label=trainer)
             planned = [(m, f["planner"]["tokens"]) for m, f in zip(gib, found) if "tokens" in f.get("planner", {})]
             if planned:
-                ax.plot(*zip(*planned), marker, ms=7, mfc="none", color=color, label=f"{s['trainer']}: nuvec-mlx-plan")
+                ax.plot(*zip(*planned), marker, ms=7, mfc="none", color=color, label=f"{trainer}: nuvec-mlx-plan")
         ax.set_yscale("log", base=2)
         for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
             axis(FuncFormatter(lambda y, _: f"{y:,.0f}"))
