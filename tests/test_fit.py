@@ -9,6 +9,7 @@ import pytest
 
 import nuvec_mlx as nv
 from nuvec_mlx.memory import MiB
+from nuvec_mlx.planner import _trial
 from nuvec_mlx.planner.fit import solve
 from nuvec_mlx_bench import testing
 from tests.helpers import held_while_unobserved, tiny_llama
@@ -102,3 +103,18 @@ def test_the_largest_fit_is_verified_as_its_step_runs_unobserved(monkeypatch, co
     held_while_unobserved(monkeypatch, extra)
     late = nv.largest_fit(step, make, budget=16 << 20, sizes=(64, 128), progress=False)
     assert all(b >= a + extra - (256 << 10) for (_, a), (_, b) in zip(first.peaks[:2], late.peaks[:2])), (first, late)
+
+
+def test_the_largest_fit_runs_its_steps_as_a_loop_does_not_stage_by_stage(monkeypatch):
+    """Only the step's peak counts here; a step read after every stage costs more (the cache cleared, the
+    device waited for, stage by stage)."""
+
+    def observed(*args, **kwargs):
+        raise AssertionError("a step read stage by stage")
+
+    monkeypatch.setattr(_trial.Session, "observe", observed)
+    model, _ = testing.blocks_model("mlp", batch=16, dim=32, blocks=3)
+    step = nv.TrainingStep(model, testing.blocks_loss)
+    make = lambda n: mx.random.normal((n, 32), key=mx.random.key(n))  # noqa: E731
+    fit = nv.largest_fit(step, make, budget=1 << 30, sizes=(4, 8), tries=0, progress=False)
+    assert [s for s, _ in fit.peaks] == [4, 8] and fit.peaks[0][1] < fit.peaks[1][1] and fit.size == 8

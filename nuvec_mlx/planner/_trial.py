@@ -115,7 +115,7 @@ class Trial:
         finally:
             self.tick = held
 
-    def measure(self, batch: Any, steps: int = 2, as_run: bool = False) -> list[StepReading]:
+    def measure(self, batch: Any, steps: int = 2) -> list[StepReading]:
         """Run ``steps`` steps on ``batch`` (a fresh trace: the modes may have changed); their readings.
 
         Every step starts from the same parameters, optimizer state and random
@@ -126,13 +126,10 @@ class Trial:
         :func:`mlx.core.synchronize`, which on CUDA also waits for MLX's worker
         to free the stage's buffers; the user's step goes on to the next stage
         without that wait (unless it synchronizes), so an observed step can
-        peak lower than the step as it runs. With ``as_run``, one more step
-        runs unobserved, with the step's own settings, and every reading's peak
-        is at least that step's (:func:`at_least`).
+        peak lower than the step as it runs (:meth:`Session.as_run`, :func:`at_least`).
         """
         with self.session(batch) as session:
-            readings = session.observe(steps)
-            return at_least(readings, session.as_run()) if as_run else readings
+            return session.observe(steps)
 
     @contextlib.contextmanager
     def session(self, batch: Any) -> Iterator[Session]:
@@ -204,6 +201,11 @@ class Session:
         with self._step() as held, memory.measure() as m:
             self.call()
         return m.start - held + m.rise
+
+    def peak(self, steps: int = 2) -> int:
+        """The highest of ``steps`` :meth:`as_run` peaks (the first compiles where the session has run no
+        step yet: a run must survive it too)."""
+        return max(self.as_run() for _ in range(steps))
 
     def time(self, steps: int = 3) -> tuple[float, int]:
         """The median seconds of ``steps`` steps, run as a training loop runs them, and their highest peak.

@@ -137,8 +137,11 @@ def largest_fit(
     settings); with ``checkpoint`` (the default) every block is checkpointed
     (policy ``save_nothing``), about the smallest peak any plan reaches, so
     the answer is the largest size worth planning for (run
-    :func:`nuvec_mlx.plan` at it for the cheapest plan). The model, the
-    optimizer and MLX's random key are left as they were.
+    :func:`nuvec_mlx.plan` at it for the cheapest plan). Each size is
+    measured by two steps run as a training loop runs them (the first
+    compiles; both count), not read stage by stage as :func:`nuvec_mlx.plan`
+    reads its steps, which costs each step in proportion to its stages and
+    memory. The model, the optimizer and MLX's random key are left as they were.
 
     Args:
         step: the training step.
@@ -176,11 +179,11 @@ def largest_fit(
     trial = _trial.Trial(step, blocks)
     peaks: list[tuple[int, int]] = []
 
-    def peak(size: int) -> int:
+    def peak(size: int) -> int:  # two steps as a loop runs them, not observed stage by stage: only the peak counts
         batch = make_batch(size)
         _trial.check_batch(batch, f"make_batch({size})", "return ")
-        readings = trial.measure(batch, as_run=True)
-        peaks.append((size, max(r.peak for r in readings)))
+        with trial.session(batch) as session:
+            peaks.append((size, session.peak(steps=2)))
         bar.update()
         return peaks[-1][1]
 
