@@ -69,8 +69,12 @@ FEED_FORWARD = ("mlp", "feed_forward", "block_sparse_moe")
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj")
 
 #: The names mixtures of experts give their experts per token (mlx-lm's: Qwen3-MoE's and DeepSeek's router's
-#: ``top_k``, Mixtral's and OLMoE's ``num_experts_per_tok``), which the MLP setting's rule reads.
-TOP_K = ("top_k", "num_experts_per_tok")
+#: ``top_k``, Mixtral's and OLMoE's ``num_experts_per_tok``; in the configuration a module keeps as ``args`` or
+#: ``config``, Kimi's ``num_experts_per_token`` and ERNIE's ``moe_k``), which the MLP setting's rule reads.
+TOP_K = ("top_k", "num_experts_per_tok", "num_experts_per_token", "moe_k")
+
+#: Where a module keeps its configuration (mlx-lm's ``ModelArgs``): read for :data:`TOP_K` too.
+CONFIGS = ("args", "config")
 
 #: The names blocks give their norms (mlx-lm's names; Gemma's four), which treat tokens independently: what the
 #: norms setting checkpoints in chunks.
@@ -291,11 +295,14 @@ def _width(module: nn.Module, hidden: int) -> int:
 
 def _experts_width(module: nn.Module, widths: list[int]) -> int:
     """What a mixture of experts computes per token: its experts per token (:data:`TOP_K`, on the module or a
-    module in it, such as its router; 1 where none is found) x the widest of its experts' layers (``widths``,
-    the second dimension of their 3-D ``weight``: experts x outputs x inputs); 0 without experts."""
+    module in it, such as its router, or in their configuration, :data:`CONFIGS`; 1 where none is found) x the
+    widest of its experts' layers (``widths``, the second dimension of their 3-D ``weight``: experts x outputs x
+    inputs); 0 without experts."""
     if not widths:
         return 0
-    found = (getattr(m, name, None) for _, m in module.named_modules() for name in TOP_K)
+    holders = [m for _, m in module.named_modules()]
+    holders += [getattr(m, name, None) for m in holders for name in CONFIGS]
+    found = (getattr(h, name, None) for h in holders for name in TOP_K)
     top_k = next((k for k in found if isinstance(k, int) and not isinstance(k, bool) and k >= 1), 1)
     return top_k * max(widths)
 

@@ -9,7 +9,7 @@ import mlx.core as mx
 import mlx.optimizers as optim
 import pytest
 from mlx.utils import tree_flatten
-from mlx_lm.models import gemma3_text, gpt_oss, llama, qwen3
+from mlx_lm.models import ernie4_5_moe, gemma3_text, gpt_oss, llama, qwen3
 from mlx_lm.tuner.trainer import default_loss
 
 import nuvec_mlx as nv
@@ -291,13 +291,34 @@ def test_auto_chunks_a_long_sequence_s_mlp_and_leaves_a_short_one_whole(monkeypa
     assert counts[1] - counts[0] == 2 * 2 * 8, counts  # 2 blocks, forward and backward, 8 chunks each
 
 
-def test_auto_sizes_a_mixture_of_experts_by_its_experts_per_token(monkeypatch):
+def ernie_moe(experts: int = 4, per_token: int = 1):
+    """ERNIE-4.5-MoE, whose MoE keeps its experts per token only in its configuration (``args.moe_k``)."""
+    return build(
+        ernie4_5_moe,
+        model_type="ernie4_5_moe",
+        hidden_size=32,
+        num_hidden_layers=2,
+        intermediate_size=32,
+        moe_intermediate_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rope_theta=10000.0,
+        use_bias=False,
+        tie_word_embeddings=True,
+        moe_num_experts=experts,
+        moe_k=per_token,
+    )
+
+
+@pytest.mark.parametrize("make", [MODELS["gpt_oss"], ernie_moe], ids=["on the module", "in its configuration"])
+def test_auto_sizes_a_mixture_of_experts_by_its_experts_per_token(monkeypatch, make):
     """A mixture of experts computes its chosen experts for each token: the rule sizes it as an MLP of its experts
-    per token x their width. gpt-oss of hidden 32 with experts 32 wide, at 256 tokens, the CPU's least work per
-    chunk lowered to 32 rows of a 64-wide MLP: one expert per token, chunks of 64 tokens (4 a block); two of four
-    experts per token, chunks of 32 (8 a block)."""
+    per token x their width. Hidden 32 with experts 32 wide, at 256 tokens, the CPU's least work per chunk lowered
+    to 32 rows of a 64-wide MLP: one expert per token, chunks of 64 tokens (4 a block); two of four experts per
+    token, chunks of 32 (8 a block)."""
     monkeypatch.setitem(nv.chunking.MLP_MIN_WORK, "cpu", 32 * 32 * 64)
-    one, two = (mlp_chunks(MODELS["gpt_oss"](4, k), 256) - mlp_chunks(MODELS["gpt_oss"](4, k), 32) for k in (1, 2))
+    one, two = (mlp_chunks(make(4, k), 256) - mlp_chunks(make(4, k), 32) for k in (1, 2))
     assert (one, two) == (2 * 2 * 4, 2 * 2 * 8)  # 2 blocks, forward and backward
 
 
