@@ -19,53 +19,35 @@ from tests.helpers import assert_close, seeded_model
 VOCAB = 64
 
 
+#: The sizes of every small model here, which each architecture's own fields override.
+SMALL = {
+    "vocab_size": VOCAB,
+    "rms_norm_eps": 1e-5,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "intermediate_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+
+
 def build(module, **fields):
-    return seeded_model(module, vocab_size=VOCAB, rms_norm_eps=1e-5, **fields)
+    """A small random-weight model of ``module``'s architecture (``mlx_lm.models.<model_type>``): :data:`SMALL`'s
+    sizes with ``fields`` over them."""
+    return seeded_model(module, **{**SMALL, "model_type": module.__name__.rsplit(".", 1)[-1], **fields})
 
 
 MODELS = {  # the attention each exercises: causal, GQA with q/k norms, a sliding-window array mask, sinks
-    "llama": lambda: build(
-        llama,
-        model_type="llama",
-        hidden_size=32,
-        num_hidden_layers=2,
-        intermediate_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    ),
+    "llama": lambda: build(llama, tie_word_embeddings=True),
     "qwen3": lambda: build(
-        qwen3,
-        model_type="qwen3",
-        hidden_size=32,
-        num_hidden_layers=2,
-        intermediate_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        tie_word_embeddings=True,
-        max_position_embeddings=512,
-        rope_theta=10000.0,
+        qwen3, head_dim=8, tie_word_embeddings=True, max_position_embeddings=512, rope_theta=10000.0
     ),
     "gemma3_text": lambda: build(
-        gemma3_text,
-        model_type="gemma3_text",
-        hidden_size=32,
-        num_hidden_layers=6,
-        intermediate_size=64,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        sliding_window=24,
+        gemma3_text, num_hidden_layers=6, num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=24
     ),
     "gpt_oss": lambda experts=2, per_token=1: build(
         gpt_oss,
-        model_type="gpt_oss",
-        hidden_size=32,
-        num_hidden_layers=2,
         intermediate_size=32,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         head_dim=8,
         num_local_experts=experts,
         num_experts_per_tok=per_token,
@@ -232,16 +214,7 @@ def test_chunks_settings_are_checked_and_zero_from_a_command_line_is_none():
 def test_the_step_s_peak_grows_with_tokens_not_their_square(compiled):
     """Attention unfused (the CPU, as Metal trains it): chunked, each doubling of the tokens at most doubles
     the step's rise in memory, plus 10%; unchunked, the scores make it grow about fourfold."""
-    model = build(
-        llama,
-        model_type="llama",
-        hidden_size=64,
-        num_hidden_layers=2,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
+    model = build(llama, hidden_size=64, intermediate_size=128, tie_word_embeddings=True)
     rises = {}
     nv.checkpoint_layers(model)
     for setting in ("auto", None):
@@ -295,13 +268,8 @@ def ernie_moe(experts: int = 4, per_token: int = 1):
     """ERNIE-4.5-MoE, whose MoE keeps its experts per token only in its configuration (``args.moe_k``)."""
     return build(
         ernie4_5_moe,
-        model_type="ernie4_5_moe",
-        hidden_size=32,
-        num_hidden_layers=2,
         intermediate_size=32,
         moe_intermediate_size=32,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=512,
         rope_theta=10000.0,
         use_bias=False,
