@@ -270,8 +270,8 @@ class _Planning:
         """The longest sequence at the batch's rows that fits, every block checkpointed: peaks measured at a
         half, three quarters and all of the batch's tokens, a parabola through them solved for the budget,
         then ``--verify`` measurements that narrow it (:func:`nuvec_mlx.largest_fit`). The chunk rules often make
-        the peak grow more slowly at longer lengths, so the extrapolation errs short, but not always (on CUDA an
-        8B step's grew faster past 32k tokens): ``--verify`` runs the answer before giving it."""
+        the peak grow more slowly at longer lengths, so the extrapolation errs short, but not always (see
+        docs/planning.md): ``--verify`` runs the answer before giving it."""
         rows, tokens = batch[0].shape
         sizes = sorted({max(8, tokens // 2 // 8 * 8), max(16, tokens * 3 // 4 // 8 * 8), max(24, tokens)})
         make = functools.partial(_tokens_of, batch)
