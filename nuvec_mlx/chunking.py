@@ -49,7 +49,7 @@ __all__ = [
     "attention_queries",
     "blocks_inputs",
     "chunk_layers",
-    "feed_forward",
+    "feed_forwards",
     "head_tokens",
     "mlp_tokens",
     "norms",
@@ -60,9 +60,9 @@ __all__ = [
 Setting = int | str | None
 AUTO = _attention.AUTO
 
-#: The names blocks give their feed-forward module (MLP, or mixture of experts), which treats tokens
-#: independently: what the MLP setting checkpoints in chunks.
-FEED_FORWARD = ("mlp", "feed_forward", "block_sparse_moe")
+#: The names blocks give their feed-forward modules (MLP, or mixture of experts; Gemma 4's experts beside its MLP),
+#: which treat tokens independently: what the MLP setting checkpoints in chunks.
+FEED_FORWARD = ("mlp", "feed_forward", "block_sparse_moe", "experts")
 
 #: The names attention modules give their projections, which treat tokens independently: what the projections
 #: setting checkpoints in chunks (mlx-lm's names; Phi-3 projects queries, keys and values at once).
@@ -70,15 +70,24 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj")
 
 #: The names mixtures of experts give their experts per token (mlx-lm's: Qwen3-MoE's and DeepSeek's router's
 #: ``top_k``, Mixtral's and OLMoE's ``num_experts_per_tok``; in the configuration a module keeps as ``args`` or
-#: ``config``, Kimi's ``num_experts_per_token`` and ERNIE's ``moe_k``), which the MLP setting's rule reads.
-TOP_K = ("top_k", "num_experts_per_tok", "num_experts_per_token", "moe_k")
+#: ``config``, Kimi's ``num_experts_per_token``, ERNIE's ``moe_k`` and Gemma 4's ``top_k_experts``), which the MLP
+#: setting's rule reads.
+TOP_K = ("top_k", "num_experts_per_tok", "num_experts_per_token", "moe_k", "top_k_experts")
 
 #: Where a module keeps its configuration (mlx-lm's ``ModelArgs``): read for :data:`TOP_K` too.
 CONFIGS = ("args", "config")
 
-#: The names blocks give their norms (mlx-lm's names; Gemma's four), which treat tokens independently: what the
-#: norms setting checkpoints in chunks.
-NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+#: The names blocks give their norms (mlx-lm's names; Gemma's four, and Gemma 4's three around its experts), which
+#: treat tokens independently: what the norms setting checkpoints in chunks.
+NORMS = (
+    "input_layernorm",
+    "post_attention_layernorm",
+    "pre_feedforward_layernorm",
+    "post_feedforward_layernorm",
+    "pre_feedforward_layernorm_2",
+    "post_feedforward_layernorm_1",
+    "post_feedforward_layernorm_2",
+)
 
 #: The share of the blocks' inputs (every checkpointed block's input: what a checkpointed step keeps between
 #: its forward and backward pass) that one chunk of a part may hold at its peak: the step's peak is then the
@@ -265,12 +274,14 @@ def _is_off(value: object) -> bool:
 @dataclasses.dataclass(frozen=True)
 class _TokenWise:
     """The chunk of a module that treats tokens independently (an MLP, a projection, a norm), asked at each
-    call: a size, or :func:`mlp_tokens` of the call's sizes and the module's width; with ``unfused_only``,
-    ``"auto"`` leaves the module whole (``None``) on a GPU, whose fused kernels hold no float32 copies."""
+    call: a size, or :func:`mlp_tokens` of the call's sizes and the module's width (a mixture of experts':
+    ``top_k`` of them per token); with ``unfused_only``, ``"auto"`` leaves the module whole (``None``) on a GPU,
+    whose fused kernels hold no float32 copies."""
 
     setting: int | str
     blocks: int
     unfused_only: bool = False
+    top_k: int = 1
 
     def __call__(self, module: nn.Module, x: mx.array) -> int | None:
         if isinstance(self.setting, int):
@@ -279,32 +290,29 @@ class _TokenWise:
         if self.unfused_only and backend != "cpu":
             return None
         batch, tokens, hidden = x.shape[0], x.shape[1], x.shape[-1]
-        return mlp_tokens(tokens, hidden, _width(module, hidden), batch, self.blocks, backend)
+        return mlp_tokens(tokens, hidden, _width(module, hidden, self.top_k), batch, self.blocks, backend)
 
 
-def _width(module: nn.Module, hidden: int) -> int:
+def _width(module: nn.Module, hidden: int, top_k: int = 1) -> int:
     """The widest of ``module``'s input (``hidden``) and what its layers compute per token: a layer's output (an
     MLP's hidden width, a projection's output: the first dimension of its 2-D ``weight``, a quantized layer's
-    too, packed along its input), and a mixture of experts' chosen experts' (:func:`_experts_width`). The input
-    counts too: a LoRA projection's backward pass holds a float32 copy of it, so key and value projections
-    narrower than their input (heads sharing them) are sized as the query's."""
+    too, packed along its input), and a mixture of experts' chosen ones: ``top_k`` x the widest of its experts'
+    layers (the second dimension of their 3-D ``weight``: experts x outputs x inputs). The input counts too: a
+    LoRA projection's backward pass holds a float32 copy of it, so key and value projections narrower than their
+    input (heads sharing them) are sized as the query's."""
     weights = [v for k, v in dict(tree_flatten(module.parameters())).items() if k.endswith("weight")]
     widths = [v.shape[0] for v in weights if v.ndim == 2]
-    return max([hidden, *widths, _experts_width(module, [v.shape[1] for v in weights if v.ndim == 3])])
+    experts = [v.shape[1] for v in weights if v.ndim == 3]
+    return max([hidden, *widths, top_k * max(experts, default=0)])
 
 
-def _experts_width(module: nn.Module, widths: list[int]) -> int:
-    """What a mixture of experts computes per token: its experts per token (:data:`TOP_K`, on the module or a
-    module in it, such as its router, or in their configuration, :data:`CONFIGS`; 1 where none is found) x the
-    widest of its experts' layers (``widths``, the second dimension of their 3-D ``weight``: experts x outputs x
-    inputs); 0 without experts."""
-    if not widths:
-        return 0
-    holders = [m for _, m in module.named_modules()]
+def _top_k(*modules: nn.Module) -> int:
+    """The experts per token of the first of ``modules`` that gives it (:data:`TOP_K`, on it or a module in it,
+    such as its router, or in their configuration, :data:`CONFIGS`); 1 where none does."""
+    holders = [m for module in modules for _, m in module.named_modules()]
     holders += [getattr(m, name, None) for m in holders for name in CONFIGS]
     found = (getattr(h, name, None) for h in holders for name in TOP_K)
-    top_k = next((k for k in found if isinstance(k, int) and not isinstance(k, bool) and k >= 1), 1)
-    return top_k * max(widths)
+    return next((k for k in found if isinstance(k, int) and not isinstance(k, bool) and k >= 1), 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -411,16 +419,17 @@ def chunk_layers(
         # The MLP's output only joins the residual sum: its chunks are left out of the block's recomputation.
         # The projections' and norms' outputs are read there (by attention, the MLP): each chunk a stage of its own.
         parts = [
-            (feed_forward(block), chunks.mlp, True, False),
+            *((f, chunks.mlp, True, False) for f in feed_forwards(block)),
             *((p, chunks.projections, False, False) for p in projections(block)),
             *((n, chunks.norms, False, True) for n in norms(block)),
         ]
         for part, setting, lazy, unfused_only in parts:
-            if part is not None:
-                rule = _TokenWise(setting, len(blocks), unfused_only) if enable and setting is not None else None
-                before = type(part)
-                nv_nn.in_chunks(part, rule, enable=rule is not None, lazy_in_recompute=lazy)
-                changed += type(part) is not before
+            rule = None
+            if enable and setting is not None:
+                rule = _TokenWise(setting, len(blocks), unfused_only, _top_k(part, block))
+            before = type(part)
+            nv_nn.in_chunks(part, rule, enable=rule is not None, lazy_in_recompute=lazy)
+            changed += type(part) is not before
     return changed
 
 
@@ -445,7 +454,8 @@ def norms(block: nn.Module) -> list[nn.Module]:
     return [c for name in NORMS if isinstance(c := block.get(name), nn.Module)]
 
 
-def feed_forward(block: nn.Module) -> nn.Module | None:
-    """``block``'s feed-forward module (its child named as in :data:`FEED_FORWARD`), or ``None``."""
+def feed_forwards(block: nn.Module) -> list[nn.Module]:
+    """``block``'s feed-forward modules: its children named as in :data:`FEED_FORWARD` (an MLP; Gemma 4's
+    experts beside it)."""
     _validate.check_module(block, "block")
-    return next((c for name in FEED_FORWARD if isinstance(c := block.get(name), nn.Module)), None)
+    return [c for name in FEED_FORWARD if isinstance(c := block.get(name), nn.Module)]

@@ -124,8 +124,9 @@ def restoring(modules: Sequence[nn.Module]) -> Iterator[None]:
 def _in_chunks(
     module: nn.Module, call: Callable[..., Any], chunk: ChunkSize, lazy: bool, args: tuple, kwargs: dict
 ) -> Any:
-    """``call(*args, **kwargs)`` checkpointed in chunks of ``chunk`` along axis 1 of its first argument (``lazy``:
-    :func:`nuvec_mlx.checkpoint_chunks`'s ``lazy_in_recompute``);
+    """``call(*args, **kwargs)`` checkpointed in chunks of ``chunk`` along axis 1 of its first argument and of
+    the other positional arrays of its batch and tokens (:func:`_per_token`: a mixture of experts' routing)
+    (``lazy``: :func:`nuvec_mlx.checkpoint_chunks`'s ``lazy_in_recompute``);
     as it is, neither chunked nor checkpointed, where that is one chunk (checkpointed, a lone chunk holds
     more than the plain call) or where a rule says ``None``."""
     if not args or not isinstance(args[0], mx.array) or args[0].ndim < 2:
@@ -137,8 +138,13 @@ def _in_chunks(
     size = chunk if isinstance(chunk, int) else chunk(module, args[0])
     if size is None or args[0].shape[1] <= size:
         return call(*args, **kwargs)
-    axes = [1, *[None] * (len(args) - 1)]
+    axes = [1, *(1 if _per_token(a, args[0]) else None for a in args[1:])]
     return checkpoint_chunks(call, size=size, in_axes=axes, lazy_in_recompute=lazy)(*args, **kwargs)
+
+
+def _per_token(arg: Any, x: mx.array) -> bool:
+    """Whether ``arg`` is an array of ``x``'s batch and tokens (its first two dimensions), split with it."""
+    return isinstance(arg, mx.array) and arg.ndim >= 2 and arg.shape[:2] == x.shape[:2]
 
 
 def _new_checkpointed(
@@ -202,9 +208,12 @@ def checkpoint_module(
 
     With ``chunk``, the module is checkpointed in chunks of that many tokens
     (:func:`nuvec_mlx.checkpoint_chunks` along axis 1 of its first argument,
-    batch x tokens x features): one chunk's intermediates are alive at a time,
-    in its forward and its backward pass. This is for modules that treat
-    tokens independently, such as a transformer block's MLP. Nested inside a
+    batch x tokens x features, and of its other positional arrays with the
+    same batch and tokens, such as the experts and weights a router chose
+    for each token; the rest read whole): one chunk's intermediates are
+    alive at a time, in its forward and its backward pass. This is for
+    modules that treat tokens independently, such as a transformer block's
+    MLP or a mixture of experts. Nested inside a
     checkpointed block it costs no computation where the block's backward
     pass does not read the module's output (an MLP's only joins the residual
     sum): the block's recomputation no longer needs the module's forward

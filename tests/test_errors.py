@@ -453,8 +453,8 @@ CATALOGUE = [
         r"^grad_accumulation_steps must be >= 1, got 0$",
     ),
     (
-        "chunking.feed_forward: block not a module",
-        lambda: nv.chunking.feed_forward([LINEAR]),
+        "chunking.feed_forwards: block not a module",
+        lambda: nv.chunking.feed_forwards([LINEAR]),
         TypeError,
         r"^block must be an mlx.nn.Module, got list$",
     ),
@@ -962,7 +962,7 @@ PUBLIC = [
             "chunking",
         )
     ),
-    *(f"chunking.{n}" for n in ("feed_forward", "head_tokens", "mlp_tokens", "projections")),
+    *(f"chunking.{n}" for n in ("feed_forwards", "head_tokens", "mlp_tokens", "projections")),
     *(f"memory.{n}" for n in nv.memory.__all__ if n[0].islower()),
     *(f"mlx_lm.{n}" for n in nvlm.__all__ if n[0].islower()),
     "losses.cross_entropy",

@@ -220,8 +220,8 @@ def test_checkpointed_blocks_chunk_each_feed_forward_module_inside_with_the_same
     (value, _), expected = grad(model, *batch)
     nv.eval(value, expected)
     with nvlm.checkpointed_blocks(model, nv.Chunks(mlp=8)) as blocks:
-        mlps = [nv.chunking.feed_forward(b) for b in blocks]
-        assert mlps and all(m is not None and nv.is_checkpointed(m) for m in mlps)
+        mlps = [m for b in blocks for m in nv.chunking.feed_forwards(b)]
+        assert mlps and all(nv.is_checkpointed(m) for m in mlps)
         (chunked, _), grads = grad(model, *batch)
         nv.eval(chunked, grads)
     assert not any(nv.is_checkpointed(m) or nv.nn.routes(m) for b in blocks for m in b.modules())
