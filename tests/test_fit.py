@@ -107,14 +107,22 @@ def test_the_largest_fit_is_verified_as_its_step_runs_unobserved(monkeypatch, co
 
 def test_the_largest_fit_runs_its_steps_as_a_loop_does_not_stage_by_stage(monkeypatch):
     """Only the step's peak counts here; a step read after every stage costs more (the cache cleared, the
-    device waited for, stage by stage)."""
+    device waited for, stage by stage). As in a loop, only a size's first step starts from an empty cache."""
+    cleared = []
+    measure = nv.memory.measure
 
     def observed(*args, **kwargs):
         raise AssertionError("a step read stage by stage")
 
+    def measured(clear_cache=True):
+        cleared.append(clear_cache)
+        return measure(clear_cache)
+
     monkeypatch.setattr(_trial.Session, "observe", observed)
+    monkeypatch.setattr(_trial.memory, "measure", measured)
     model, _ = testing.blocks_model("mlp", batch=16, dim=32, blocks=3)
     step = nv.TrainingStep(model, testing.blocks_loss)
     make = lambda n: mx.random.normal((n, 32), key=mx.random.key(n))  # noqa: E731
     fit = nv.largest_fit(step, make, budget=1 << 30, sizes=(4, 8), tries=0, progress=False)
     assert [s for s, _ in fit.peaks] == [4, 8] and fit.peaks[0][1] < fit.peaks[1][1] and fit.size == 8
+    assert cleared == [True, False, True, False]

@@ -195,17 +195,20 @@ class Session:
             readings.append(StepReading(m.start - held, max(r.peak for r in stages), seconds, stages, free))
         return readings
 
-    def as_run(self) -> int:
+    def as_run(self, clear_cache: bool = True) -> int:
         """The peak of one step run unobserved, with the step's own settings (absolute, the originals
-        the trial keeps counted out)."""
-        with self._step() as held, memory.measure() as m:
+        the trial keeps counted out), from an empty buffer cache or (``clear_cache=False``) the one the steps
+        before it left."""
+        with self._step() as held, memory.measure(clear_cache=clear_cache) as m:
             self.call()
         return m.start - held + m.rise
 
     def peak(self, steps: int = 2) -> int:
-        """The highest of ``steps`` :meth:`as_run` peaks (the first compiles where the session has run no
-        step yet: a run must survive it too)."""
-        return max(self.as_run() for _ in range(steps))
+        """The highest peak of ``steps`` steps run as a training loop runs them: unobserved, the first from an
+        empty buffer cache, as a loop's first step (it compiles where the session has run no step yet: a run
+        must survive it too), the others with the cache the steps before them left, as a loop's next steps find
+        it (emptied, every allocation would be made afresh)."""
+        return max(self.as_run(clear_cache=i == 0) for i in range(steps))
 
     def time(self, steps: int = 3) -> tuple[float, int]:
         """The median seconds of ``steps`` steps, run as a training loop runs them, and their highest peak.
