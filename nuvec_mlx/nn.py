@@ -125,10 +125,10 @@ def _in_chunks(
     module: nn.Module, call: Callable[..., Any], chunk: ChunkSize, lazy: bool, args: tuple, kwargs: dict
 ) -> Any:
     """``call(*args, **kwargs)`` checkpointed in chunks of ``chunk`` along axis 1 of its first argument and of
-    the other positional arrays of its batch and tokens (:func:`_per_token`: a mixture of experts' routing)
-    (``lazy``: :func:`nuvec_mlx.checkpoint_chunks`'s ``lazy_in_recompute``);
-    as it is, neither chunked nor checkpointed, where that is one chunk (checkpointed, a lone chunk holds
-    more than the plain call) or where a rule says ``None``."""
+    the other positional arrays of its batch and tokens (:func:`_per_token`: a mixture of experts' routing),
+    ``lazy`` as :func:`nuvec_mlx.checkpoint_chunks`'s ``lazy_in_recompute``; as it is, neither chunked nor
+    checkpointed, where that is one chunk (checkpointed, a lone chunk holds more than the plain call) or where a
+    rule says ``None``."""
     if not args or not isinstance(args[0], mx.array) or args[0].ndim < 2:
         raise ValueError(
             f"a module checkpointed in chunks ({_validate.name_of(call)}) splits its first positional "
