@@ -331,7 +331,7 @@ def test_gemma4_s_experts_beside_its_mlp_are_chunked_with_the_router_s_choices_a
 def test_gemma4_s_experts_in_chunks_lower_the_step_s_peak(monkeypatch):
     """Gemma 4's experts (4 of 8 per token, 128 wide: 512 per token against its MLP's 64) hold most of a block's
     backward pass: at 512 tokens, the CPU's least work per chunk lowered to this model's size, the step's rise with
-    them in chunks is at most 0.6x the rise with only its MLP in chunks (0.37x measured)."""
+    them in chunks is at most 0.6x the rise with only its MLP in chunks."""
     monkeypatch.setitem(nv.chunking.MLP_MIN_WORK, "cpu", 32 * 32 * 64)
     rises = []
     for names in (nv.chunking.FEED_FORWARD, ("mlp",)):
