@@ -123,6 +123,7 @@ def test_the_largest_fit_runs_its_steps_as_a_loop_does_not_stage_by_stage(monkey
     model, _ = testing.blocks_model("mlp", batch=16, dim=32, blocks=3)
     step = nv.TrainingStep(model, testing.blocks_loss)
     make = lambda n: mx.random.normal((n, 32), key=mx.random.key(n))  # noqa: E731
-    fit = nv.largest_fit(step, make, budget=1 << 30, sizes=(4, 8), tries=0, progress=False)
-    assert [s for s, _ in fit.peaks] == [4, 8] and fit.peaks[0][1] < fit.peaks[1][1] and fit.size == 8
+    # Sizes far enough apart that their peaks differ by more than the CPU worker's run-ahead varies under load.
+    fit = nv.largest_fit(step, make, budget=1 << 30, sizes=(64, 512), tries=0, progress=False)
+    assert [s for s, _ in fit.peaks] == [64, 512] and fit.peaks[0][1] < fit.peaks[1][1] and fit.size == 512
     assert cleared == [True, False, True, False]
