@@ -19,6 +19,7 @@ from mlx_lm.tuner.trainer import default_loss
 import nuvec_mlx as nv
 from nuvec_mlx import mlx_lm as nv_mlx_lm
 from nuvec_mlx.memory import MiB
+from nuvec_mlx.planner import fit as nv_planner_fit
 from nuvec_mlx_bench import testing
 from nuvec_mlx_bench.core import options
 from nuvec_mlx_bench.train import cases, command, lengths, long, long_report, planner, report, trainers
@@ -685,6 +686,27 @@ def test_a_length_stopped_under_a_smaller_memory_s_cap_is_measured_again_for_a_l
     assert known[256].status == trainers.OK
 
 
+def test_a_length_the_trainer_fails_at_ends_the_search_there_and_what_smaller_memories_found_stands():
+    """mlx-lm's step on CUDA fails past 2^31 logits with an error, not out of memory: the memories searched
+    before it keep their lengths, the one searching it says the error, larger ones are not searched."""
+    held, probes = MiB, []
+
+    def probe(length, memory):
+        probes.append(length)
+        if length >= 4096:
+            return trainers.Outcome(trainers.ERROR, error="cudaGraphAddKernelNode(...) failed: invalid argument")
+        return fake_outcome(held, [length << 10], cap=long.cap(memory))  # 1 KiB a token
+
+    found = long.search(probe, {}, [2 * MiB, 5 * MiB, 9 * MiB], start=64, granularity=64, max_length=8192)
+    assert found["2MiB"]["longest"] == 1024 and found["2MiB"]["shortest_not_fitting"] == 1088
+    error = "the run failed: cudaGraphAddKernelNode(...) failed: invalid argument"
+    assert found["5MiB"] == {"memory": 5 * MiB, "error": error} and "9MiB" not in found
+    assert probes.count(4096) == 1
+    lines = long_report.search_table([{"workload": "w", "trainer": "mlx-lm", "results": found}])
+    assert len({line.count("|") for line in lines}) == 1
+    assert f"| 5MiB | error: {long_report.shortened(error)} |" in lines[3] and lines[3].endswith("invalid… | | | | |")
+
+
 @pytest.mark.slow
 def test_the_long_suite_searches_by_measuring_and_writes_its_files(tmp_path, capsys):
     argv = [*LONG_ARGV, "--modes", "lora", "--trainers", "nuvec", "--lengths", "64", "--steps", "2"]
@@ -725,6 +747,26 @@ def test_a_search_s_finding_is_written_before_the_planner_is_asked(tmp_path, mon
     data = json.loads((tmp_path / "out" / "results.json").read_text())
     (search,) = data["searches"]
     assert search["results"]["3MiB"]["longest"] == 512 and "planner" not in search["results"]["3MiB"]
+
+
+def test_the_planner_runs_once_beside_a_search_and_answers_each_memory_as_its_budget_would(tmp_path, monkeypatch):
+    """One nuvec-mlx-plan run (minutes on a large model) for the largest memory; each smaller memory gets the
+    command's own solve of the same measurements, the answer it would give for that budget at --verify 0."""
+    peaks = [[128, 2 * MiB], [192, 3 * MiB], [256, 4 * MiB]]  # 16 KiB a token over 0 held
+    asked = []
+
+    def longest(w, t, folder, memory, length, timeout=None):
+        asked.append((memory, length))
+        return {"tokens": nv_planner_fit.solve(peaks, memory, 8), "peaks": peaks, "seconds": 3.0, "length": length}
+
+    monkeypatch.setattr(long, "_model", lambda w, cache, models: tmp_path)
+    monkeypatch.setattr(planner, "longest", longest)
+    argv = [*LONG_ARGV, "--modes", "lora", "--trainers", "nuvec", "--lengths", "", "--memory", "3MiB,5MiB"]
+    argv += ["--granularity", "64", "--max-length", "512", "--plan-length", "256", "--out", str(tmp_path / "out")]
+    (search,) = long.run(argv, runner=lambda spec: fake_outcome(MiB, [spec.workload.seq << 12]))["searches"]
+    assert asked == [(5 * MiB, 256)]
+    answers = {size: found["planner"]["tokens"] for size, found in search["results"].items()}
+    assert answers == {"3MiB": 192, "5MiB": 320}  # 3 and 5 MiB at 16 KiB a token
 
 
 def test_the_long_report_writes_its_table_json_and_plot(tmp_path):
@@ -839,6 +881,36 @@ def test_what_fits_draws_a_trainer_s_findings_as_one_line_across_its_searches():
     (ax,) = long_report.fits_plot({"searches": searches}).axes
     lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()}
     assert lines == {"nuvec": ([16.0, 24.0], [24576, 49152]), "mlx-lm": ([16.0], [1024])}
+
+
+#: A trainer's error as a run keeps it: the traceback, then the process's output.
+TRACEBACK = 'Traceback (most recent call last):\n  File "t.py"\nRuntimeError: cudaGraph(...) failed\n\noutput: x'
+
+
+def test_merge_reads_a_cut_off_search_s_findings_from_the_probes_it_measured(tmp_path):
+    """A call's time ran out mid-search: the folder has its probes and no search; merged, each memory probed
+    gets the longest length measured to fit and the shortest measured past it not to, an error among them."""
+    args = long.parse_args([*LONG_ARGV, "--out", str(tmp_path / "a")])
+    mlx_lm, memories = trainers.Trainer("mlx-lm"), [3 * MiB, 5 * MiB]
+    probes = [  # (length, memory searched, outcome), 1 KiB a token over 1 MiB held
+        (1024, memories[0], fake_outcome(MiB, [1 << 20, 1 << 20], cap=long.cap(memories[0]))),
+        (2048, memories[0], fake_outcome(MiB, [2 << 20, 2 << 20], cap=long.cap(memories[0]))),
+        (4096, memories[0], trainers.Outcome(trainers.OVER_CAP, held=MiB, cap=long.cap(memories[0]))),
+        (3072, memories[1], fake_outcome(MiB, [3 << 20, 3 << 20], cap=long.cap(memories[1]))),
+        (4096, memories[1], trainers.Outcome(trainers.ERROR, error=TRACEBACK)),
+    ]
+    runs = [long.record(dataclasses.replace(args.workloads[0], seq=t), mlx_lm, o, "search", m) for t, m, o in probes]
+    env = {"command": "c", "backend": "cuda", "device": "d", "mlx": "m", "blas": "b"}
+    long.write(args, {"environment": env, "models": [], "runs": runs, "searches": []})
+    results = long.run(["--suite", "long", "--merge", str(tmp_path / "a"), "--out", str(tmp_path / "all")])
+    (search,) = results["searches"]
+    small, large = search["results"]["3MiB"], search["results"]["5MiB"]
+    assert (small["longest"], small["peak_in_all"], small["shortest_not_fitting"]) == (2048, 3 * MiB, 3072)
+    assert (large["longest"], large["shortest_not_fitting"], large["failed"]) == (3072, 4096, probes[-1][2].error)
+    assert small["measured_only"] and "failed" not in small
+    md = (tmp_path / "all" / "results.md").read_text()
+    assert "| 5MiB | 3,072 (its probes' longest) | 4.0 | 4,096 (error: RuntimeError: cudaGraph(...) failed) |" in md
+    assert "the search not finished; its findings read from its probes" in md
 
 
 def test_merge_draws_earlier_runs_folders_as_one_with_times_set_against_their_own_folder_s(tmp_path, capsys):

@@ -13,6 +13,7 @@ import pytest
 
 import nuvec_mlx as nv
 from nuvec_mlx.mlx_lm import plan as command
+from nuvec_mlx.planner import fit
 from tests.mlx_lm_folders import data_folder, model_folder
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -253,6 +254,8 @@ def test_longest_answers_the_length_that_fits_from_short_steps(folder, tmp_path,
         assert "measured there" in printed
     else:
         assert len(found["peaks"]) == 3 and "not run at that length" in printed
+        # the budget's only use: the answer is the measurements' parabola solved for it
+        assert found["tokens"] == fit.solve(found["peaks"], 40_000_000, command.LENGTH_MULTIPLE)
 
 
 def test_longest_says_when_it_extrapolated_below_every_length_it_measured(folder, tmp_path, capsys):

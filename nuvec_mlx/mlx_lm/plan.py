@@ -57,6 +57,8 @@ UNITS = {
     **{f"{p}IB": 1024**k for k, p in enumerate("KMGT", 1)},
 }
 POLICIES = policies.NAMED
+#: ``--longest`` answers a multiple of this many tokens.
+LENGTH_MULTIPLE = 8
 #: mlx-lm's banner rows that only a training run reads (the planner runs no iterations: its batch is its own row).
 TRAINING_ROWS = ("batch · iters",)
 DESCRIPTION = (
@@ -275,7 +277,8 @@ class _Planning:
         rows, tokens = batch[0].shape
         sizes = sorted({max(8, tokens // 2 // 8 * 8), max(16, tokens * 3 // 4 // 8 * 8), max(24, tokens)})
         make = functools.partial(_tokens_of, batch)
-        fit = largest_fit(step, make, self.budget, sizes=sizes, multiple=8, tolerance=0.05, tries=self.command.verify)
+        tries = self.command.verify
+        fit = largest_fit(step, make, self.budget, sizes=sizes, multiple=LENGTH_MULTIPLE, tolerance=0.05, tries=tries)
         measured = ", ".join(f"{size}: {peak_text(peak)}" for size, peak in fit.peaks)
         verified = fit.size > max(sizes)
         answer = fit.size if verified or self.command.verify else fit.predicted

@@ -244,12 +244,12 @@ def search(
     Returns:
         For each memory (:func:`~nuvec_mlx_bench.core.options.size_text`): ``longest`` (0 if none fits),
         its ``peak_in_all``, and ``shortest_not_fitting``, the shortest length measured past it that did not
-        fit (``longest + granularity`` once the bisection has closed; ``None`` at ``max_length``).
-
-    Raises:
-        RuntimeError: a probe failed with an error other than running out of memory.
+        fit (``longest + granularity`` once the bisection has closed; ``None`` at ``max_length``). Where a
+        probe fails with an error other than running out of memory (a trainer that cannot run a length at
+        all), that memory has the ``error`` instead, and larger memories are not searched: what the smaller
+        ones found stands.
     """
-    found = {}
+    found: dict[str, dict[str, Any]] = {}
     for memory in sorted(memories):
 
         def fits(length: int, memory: int = memory) -> bool:
@@ -259,8 +259,12 @@ def search(
                 verdict = known[length].fits(memory)
             return bool(verdict)
 
-        fitting = [t for t, o in known.items() if o.fits(memory)]
-        longest = lengths.largest_fitting(fits, max(fitting, default=start), granularity, max_length)
+        try:
+            fitting = [t for t, o in known.items() if o.fits(memory)]
+            longest = lengths.largest_fitting(fits, max(fitting, default=start), granularity, max_length)
+        except RuntimeError as e:
+            found[options.size_text(memory)] = {"memory": memory, "error": str(e)}
+            break
         over = [t for t, o in known.items() if t > longest and o.fits(memory) is False]
         found[options.size_text(memory)] = {
             "memory": memory,
@@ -291,7 +295,7 @@ def search_trainer(
     done: Callable[[dict], None],
 ) -> dict[str, Any]:
     """:func:`search` for one trainer over ``args.searched``, each probe a run of ``args.search_steps`` steps
-    handed to ``done``; a probe's error is said in the result (``error``) rather than raised."""
+    handed to ``done``."""
     with tqdm(desc=f"{long_report.model_label(w)}: {t.label()}: longest lengths", unit="probe", leave=False) as bar:
 
         def probe(length: int, memory: int) -> Outcome:
@@ -303,10 +307,7 @@ def search_trainer(
             return outcome
 
         start = args.search_from or (args.lengths[0] if args.lengths else 4096)
-        try:
-            found: dict[str, Any] = search(probe, known, args.searched, start, args.granularity, args.max_length)
-        except RuntimeError as e:
-            found = {"error": str(e)}
+        found = search(probe, known, args.searched, start, args.granularity, args.max_length)
     return {"workload": long_report.model_label(w), "trainer": t.label(), "results": found}
 
 
@@ -319,9 +320,53 @@ def write(args: argparse.Namespace, results: dict[str, Any], partial: bool = Fal
     return long_report.write(args.out, results, lines, args.memory)
 
 
+def measured(runs: list[dict]) -> dict[str, dict[str, Any]]:
+    """What a search's probes (``runs``, one workload and trainer) say for each memory probed, read without
+    asking for more: ``longest`` measured to fit, its ``peak_in_all``, ``shortest_not_fitting`` measured past
+    it (a length the trainer failed at with an error among them, its error in ``failed``) and
+    ``measured_only``: the bisection of a search cut off (a call's time up) may not have closed there.
+
+    Example:
+        >>> measured([r for r in results["runs"] if r["trainer"] == "nuvec"])["16GiB"]["longest"]
+    """
+    fields = [f.name for f in dataclasses.fields(Outcome)]
+    outcomes = [(r["length"], Outcome(**{f: r[f] for f in fields})) for r in runs]
+    found = {}
+    for memory in sorted({r["memory"] for r in runs if r["phase"] == "search"}):
+        verdicts = [(t, False if o.status == trainers.ERROR else o.fits(memory), o) for t, o in outcomes]
+        longest = max((t for t, fits, _ in verdicts if fits), default=0)
+        over = [(t, o) for t, fits, o in verdicts if fits is False and t > longest]
+        shortest = min(over, default=None, key=lambda p: p[0])
+        peaks = [o.peak_in_all() or 0 for t, fits, o in verdicts if fits and t == longest]
+        found[options.size_text(memory)] = {
+            "memory": memory,
+            "longest": longest,
+            "peak_in_all": max(peaks, default=None),
+            "shortest_not_fitting": shortest and shortest[0],
+            **({"failed": shortest[1].error} if shortest and shortest[1].status == trainers.ERROR else {}),
+            "measured_only": True,
+        }
+    return found
+
+
+def _finished(search: dict) -> bool:
+    """Whether a search entry has its findings (a search cut off left none; one before per-memory errors
+    kept a single ``error`` for all)."""
+    return "error" not in search["results"]
+
+
 def merge(args: argparse.Namespace) -> dict[str, Any]:
-    """``--merge``: the folders' results as one (:func:`.long_report.merge`), written into ``--out``; nothing run."""
+    """``--merge``: the folders' results as one (:func:`.long_report.merge`), written into ``--out``; nothing run.
+    A search the folders do not finish for a workload and trainer is read from its probes (:func:`measured`)."""
     results, lines = long_report.merge(args.merge)
+    searches = [s for s in results["searches"] if _finished(s)]
+    done = {(s["workload"], s["trainer"]) for s in searches}
+    probed = dict.fromkeys((r["workload"], r["trainer"]) for r in results["runs"] if r["phase"] == "search")
+    for workload, trainer in [k for k in probed if k not in done]:
+        runs = [r for r in results["runs"] if (r["workload"], r["trainer"]) == (workload, trainer)]
+        searches.append({"workload": workload, "trainer": trainer, "results": measured(runs)})
+        lines.append(f"- {workload}, {trainer}: the search not finished; its findings read from its probes")
+    results["searches"] = searches
     memory = sorted({f["memory"] for s in results["searches"] for f in long_report.findings(s)})
     written = long_report.write(args.out, results, lines, memory)
     print("\n".join(long_report.table(results["runs"])))
@@ -379,11 +424,18 @@ def run(argv: list[str] | None = None, runner: Runner | None = None) -> dict[str
 
 
 def plan_beside(found: dict[str, Any], w: TrainWorkload, t: Trainer, args: argparse.Namespace, folder: Path) -> None:
-    """Add ``nuvec-mlx-plan --longest``'s answer (:func:`~nuvec_mlx_bench.train.planner.longest`, measured at up
-    to ``args.plan_length`` tokens) to each memory of ``found``, :func:`search_trainer`'s result, as ``planner``."""
-    for size, result in {} if "error" in found["results"] else found["results"].items():
-        tqdm.write(f"{found['workload']}: {found['trainer']}: nuvec-mlx-plan --longest for {size}", file=sys.stderr)
-        result["planner"] = planner.longest(w, t, folder, result["memory"], args.plan_length, timeout=args.run_timeout)
+    """Add ``nuvec-mlx-plan --longest``'s answer (measured at up to ``args.plan_length`` tokens) to each memory of
+    ``found``, :func:`search_trainer`'s result, as ``planner``: the command run once, for the largest memory
+    (:func:`~nuvec_mlx_bench.train.planner.longest`), its measurements solved for each other memory as it would
+    solve them (:func:`~nuvec_mlx_bench.train.planner.answer`): minutes per run on a large model, once."""
+    results = {size: r for size, r in found["results"].items() if "error" not in r}
+    if not results:
+        return
+    largest = max(r["memory"] for r in results.values())
+    tqdm.write(f"{found['workload']}: {found['trainer']}: nuvec-mlx-plan --longest", file=sys.stderr)
+    asked = planner.longest(w, t, folder, largest, args.plan_length, timeout=args.run_timeout)
+    for result in results.values():
+        result["planner"] = planner.answer(asked, result["memory"])
 
 
 def _model(w: TrainWorkload, cache: Path, models: list[dict]) -> Path:
@@ -408,5 +460,5 @@ def main(argv: list[str] | None = None) -> int:
     other than running out of memory (a bug; written into the results like every run)."""
     results = run(argv)
     failed = [r for r in results["runs"] if r["status"] == trainers.ERROR]
-    failed += [s for s in results["searches"] if "error" in s["results"]]
+    failed += [s for s in results["searches"] if any("error" in r for r in s["results"].values())]
     return 1 if failed else 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -94,13 +95,20 @@ def table(runs: list[dict]) -> list[str]:
     return lines
 
 
+def shortened(error: str) -> str:
+    """An error's first :data:`SHOWN` characters on one line, ``…`` where it goes on; of a traceback, its
+    exception's line (``RuntimeError: ...``)."""
+    raised = [line for line in error.splitlines() if re.match(r"\w+(Error|Exception): ", line)]
+    text = " ".join((raised[-1] if raised else error).split())
+    return text[:SHOWN].rstrip() + ("…" if len(text) > SHOWN else "")
+
+
 def outcome_text(r: dict) -> str:
     """A run's outcome in a few words: ``ok``, or what stopped it and the start of its error; a crash of a
     trainer that builds the whole logits says where those reach :data:`~.cases.LOGITS_LIMIT` elements."""
     if r["status"] == "ok":
         return "ok"
-    error = " ".join(r["error"].split())
-    text = f"{r['status']}: {error[:SHOWN]}{'…' if len(error) > SHOWN else ''}"
+    text = f"{r['status']}: {shortened(r['error'])}"
     whole = r["trainer"] in ("none", "mlx-lm") and r["length"] * r["vocab"] >= LOGITS_LIMIT
     if r["status"] == CRASHED and whole:
         text += f" (whole logits of {r['length'] * r['vocab']:,} elements: 2^32 or more end MLX's CUDA process)"
@@ -117,18 +125,20 @@ def search_table(searches: list[dict]) -> list[str]:
         "| --- " * 8 + "|",
     ]
     for s in searches:
-        if "error" in s["results"]:
-            lines.append(f"| {s['workload']} | {s['trainer']} | | error: {s['results']['error'][:SHOWN]} | | | | |")
-            continue
         for size, found in s["results"].items():
-            peak = found["peak_in_all"]
+            head = f"| {s['workload']} | {s['trainer']} | {size} |"
+            if "error" in found:
+                lines.append(f"{head} error: {shortened(found['error'])} | | | | |")
+                continue
+            peak, over = found["peak_in_all"], found["shortest_not_fitting"]
+            failed = f" (error: {shortened(found['failed'])})" if "failed" in found else ""
             cells = [
                 s["workload"],
                 s["trainer"],
                 size,
-                f"{found['longest']:,}",
+                f"{found['longest']:,}" + (" (its probes' longest)" if found.get("measured_only") else ""),
                 f"{peak / MiB:,.1f}" if peak else "",
-                f"{found['shortest_not_fitting']:,}" if found["shortest_not_fitting"] else "",
+                (f"{over:,}" if over else "") + failed,
                 *planner_cells(found.get("planner"), found["longest"]),
             ]
             lines.append("| " + " | ".join(cells) + " |")
@@ -141,7 +151,7 @@ def planner_cells(planned: dict | None, longest: int) -> list[str]:
     if planned is None:
         return ["", ""]
     if "error" in planned:
-        return [f"error: {planned['error'][:SHOWN]}", ""]
+        return [f"error: {shortened(planned['error'])}", ""]
     measured = ", ".join(f"{t:,}" for t, _ in planned["peaks"])
     text = f"{planned['tokens']:,} (measured at {measured}; {planned['seconds']:.0f} s)"
     return [text, f"{planned['tokens'] / longest:.2f}" if longest else ""]
@@ -179,9 +189,10 @@ def notes(results: dict, args: argparse.Namespace) -> list[str]:
     if args.plan_length:
         lines.append(
             "- nuvec-mlx-plan --longest: the command on the same model folder (a tiny tokenizer added), in a process "
-            "of its own, `--budget` the memory, `--num-layers -1`, LoRA as the runs, nuvec's settings as its flags, "
-            f"`--max-seq-length {args.plan_length} --verify 0`: its step's peak in all measured at a half, three "
-            "quarters and all of that length, a parabola through them solved for the memory; nothing run at its answer"
+            "of its own, `--budget` the largest memory searched, `--num-layers -1`, LoRA as the runs, nuvec's settings "
+            f"as its flags, `--max-seq-length {args.plan_length} --verify 0`: its step's peak in all measured at a "
+            "half, three quarters and all of that length, a parabola through them solved for each memory (once run, "
+            "as the command solves it for its budget; its time is that one run's); nothing run at its answer"
         )
     for m in results.get("models", []):
         lines.append(f"- model folder built: `{m['folder']}`, {m['bytes'] / 2**30:.2f} GiB in {m['seconds']:.1f} s")
@@ -192,8 +203,8 @@ def notes(results: dict, args: argparse.Namespace) -> list[str]:
 
 
 def findings(search: dict) -> list[dict]:
-    """A search's findings, one per memory (none where it failed)."""
-    return [] if "error" in search["results"] else list(search["results"].values())
+    """A search's findings, one per memory it found a length for (none where it failed)."""
+    return [f for f in search["results"].values() if "error" not in f]
 
 
 def plot(results: dict, memory: list[int]) -> Figure | None:

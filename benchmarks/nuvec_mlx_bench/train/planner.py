@@ -6,7 +6,9 @@ same question from a few short measurements: :func:`longest` runs it as a user r
 own, on the model folder the runs load (a tiny tokenizer written into the folder first: the command loads
 the model with one), with the trainer's settings as its flags, the budget the memory searched, and
 ``--verify 0``: the extrapolation alone, nothing run at the length it answers. The suite puts its answer
-beside the measured one (``--plan-length``).
+beside the measured one (``--plan-length``). Its measurements do not depend on the budget (a half, three
+quarters and all of ``--max-seq-length``), only its answer does: :func:`answer` solves one run's
+measurements for any other budget as the command would.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from nuvec_mlx.mlx_lm import lora
+from nuvec_mlx.mlx_lm.plan import LENGTH_MULTIPLE
+from nuvec_mlx.planner import fit
 
 from .. import testing
 from .cases import TrainWorkload
@@ -97,3 +101,17 @@ def longest(
     if result is None:
         return {"error": output[-TAIL:], "seconds": seconds, "length": length}
     return {"tokens": result["tokens"], "peaks": result["peaks"], "seconds": seconds, "length": length}
+
+
+def answer(asked: dict[str, Any], memory: int) -> dict[str, Any]:
+    """:func:`longest`'s result ``asked`` for another budget, ``memory`` bytes: the command's answer at
+    ``--verify 0`` (its parabola through the peaks it measured, solved for the budget), without running it
+    again; an ``error`` stays as it is.
+
+    Example:
+        >>> asked = longest(w, Trainer("nuvec"), folder, memory=64 << 30, length=8192)
+        >>> answer(asked, 16 << 30)["tokens"]
+    """
+    if "error" in asked:
+        return asked
+    return {**asked, "tokens": fit.solve(asked["peaks"], memory, LENGTH_MULTIPLE)}
