@@ -336,14 +336,14 @@ def measured(runs: list[dict]) -> dict[str, dict[str, Any]]:
         verdicts = [(t, False if o.status == trainers.ERROR else o.fits(memory), o) for t, o in outcomes]
         longest = max((t for t, fits, _ in verdicts if fits), default=0)
         over = [(t, o) for t, fits, o in verdicts if fits is False and t > longest]
-        shortest = min(over, default=None, key=lambda p: p[0])
+        shortest, stopped = min(over, default=(None, None), key=lambda p: p[0])
         peaks = [o.peak_in_all() or 0 for t, fits, o in verdicts if fits and t == longest]
         found[options.size_text(memory)] = {
             "memory": memory,
             "longest": longest,
             "peak_in_all": max(peaks, default=None),
-            "shortest_not_fitting": shortest and shortest[0],
-            **({"failed": shortest[1].error} if shortest and shortest[1].status == trainers.ERROR else {}),
+            "shortest_not_fitting": shortest,
+            **({"failed": stopped.error} if stopped and stopped.status == trainers.ERROR else {}),
             "measured_only": True,
         }
     return found
