@@ -13,10 +13,11 @@ the step and measures the peak, also of a step read only at its end, as it
 runs outside the planner (on CUDA the readings after each stage free buffers
 sooner). If the mix does not fit, it lowers its target by the miss and
 chooses again (at most ``corrections`` times; a near miss, within the spread
-between repeats, takes the least plan where that fits); if no mix fits, it
-says so, with the smallest peak it can reach, measured. Last, it sets the mix
-against the fixed rules it measured (every block in one mode, and every 2nd
-block checkpointed, the others plain): the fastest rule that fits the budget
+between repeats, takes the least plan where that fits, or a faster fixed rule
+that fits, below); if no mix fits, it says so, with the smallest peak it can
+reach, measured. Last, it sets the mix against the fixed rules it measured
+(every block in one mode, and every 2nd block checkpointed, the others
+plain): the fastest rule that fits the budget
 and whose profiled step ran faster than the profile predicts the mix would
 is timed against the mix as a loop runs them, and where it ran faster it is
 verified as it runs and taken instead. Staged blocks cost the host a wait
@@ -436,7 +437,10 @@ class Planner:
                 if rule is not None:
                     history[-1] = rule.verified
                 return self._record(budget, history, rule=rule)
-            if self._near_miss(budget, history[-1]):
+            if self._near_miss(budget, history[-1]):  # the least plan, unless a faster rule fits
+                rule = self._faster_rule(budget, history[-1], rivals)
+                if rule is not None:
+                    return self._record(budget, [*history, rule.verified], rule=rule)
                 break
             # That choice peaked this much above its prediction: so may others; it is now out of reach.
             margin = max(margin, self.jitter() + history[-1].miss) + max(1, int(budget * CORRECTION_STEP))
