@@ -104,7 +104,7 @@ def rise(step: Callable[[], Any], evaluate: Callable[[Any], None]) -> int:
 def assert_met_as_predicted(plan, budget: int) -> None:
     """A plan met its budget as it predicted: it fits, and its measured peak is where the prediction put it.
 
-    A correction (a choice measured above the budget, chosen again with the miss as margin) is the
+    A correction (a choice measured above the budget and not taken, another chosen after it) is the
     planner's promise kept, not a miss, when it is rare and small: at most one, its miss within the
     throttle (on a busy machine a stage's reading can come out a fraction of a MiB above the profile's:
     0.2 MiB over 11.9 MiB was seen with two suites running).

@@ -307,7 +307,7 @@ class Plan:
         for _, predicted, measured in self.corrections:
             lines.append(
                 f"correction: predicted {predicted / MiB:.1f} MiB, measured {measured / MiB:.1f} MiB: "
-                f"above the budget with the spread between repeats; chose again with the miss as margin"
+                f"above the budget with the spread between repeats, not taken"
             )
         lines += [
             "",
