@@ -913,6 +913,31 @@ def test_merge_reads_a_cut_off_search_s_findings_from_the_probes_it_measured(tmp
     assert "the search not finished; its findings read from its probes" in md
 
 
+def test_merge_reads_a_memory_cut_off_in_one_folder_beside_a_search_finished_for_another_memory(tmp_path):
+    """One folder's search finished for 3 MiB; another's, for 5 MiB, was cut off: merged, both memories have
+    their findings, the cut-off one read from its probes."""
+    args = long.parse_args([*LONG_ARGV, "--out", str(tmp_path / "a")])
+    mlx_lm, small, large = trainers.Trainer("mlx-lm"), 3 * MiB, 5 * MiB
+    env = {"command": "c", "backend": "cuda", "device": "d", "mlx": "m", "blas": "b"}
+    fits = {"memory": small, "longest": 2048, "peak_in_all": 3 * MiB, "shortest_not_fitting": 3072}
+    done = {"workload": long_report.model_label(args.workloads[0]), "trainer": "mlx-lm", "results": {"3MiB": fits}}
+    long.write(args, {"environment": env, "models": [], "runs": [], "searches": [done]})
+    probes = [(3072, fake_outcome(MiB, [3 << 20] * 2)), (4096, trainers.Outcome(trainers.OVER_CAP, held=MiB))]
+    runs = [long.record(dataclasses.replace(args.workloads[0], seq=t), mlx_lm, o, "search", large) for t, o in probes]
+    cut = long.parse_args([*LONG_ARGV, "--out", str(tmp_path / "b")])
+    long.write(cut, {"environment": env, "models": [], "runs": runs, "searches": []})
+    results = long.run(
+        ["--suite", "long", "--merge", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "all")]
+    )
+    found = {size: f for s in results["searches"] for size, f in s["results"].items()}
+    assert found["3MiB"] == fits
+    assert (found["5MiB"]["longest"], found["5MiB"]["shortest_not_fitting"], found["5MiB"]["measured_only"]) == (
+        3072,
+        4096,
+        True,
+    )
+
+
 def test_merge_draws_earlier_runs_folders_as_one_with_times_set_against_their_own_folder_s(tmp_path, capsys):
     mlx_lm, nuvec = trainers.Trainer("mlx-lm"), trainers.Trainer("nuvec")
     folders = {"a": [(nuvec, 64)], "b": [(mlx_lm, 64), (nuvec, 128), (mlx_lm, 128)]}  # nuvec at 64: no mlx-lm in a

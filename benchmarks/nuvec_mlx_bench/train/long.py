@@ -357,15 +357,19 @@ def _finished(search: dict) -> bool:
 
 def merge(args: argparse.Namespace) -> dict[str, Any]:
     """``--merge``: the folders' results as one (:func:`.long_report.merge`), written into ``--out``; nothing run.
-    A search the folders do not finish for a workload and trainer is read from its probes (:func:`measured`)."""
+    A memory probed for a workload and trainer that no folder's search finished is read from the probes
+    (:func:`measured`), also where a search finished for another memory."""
     results, lines = long_report.merge(args.merge)
     searches = [s for s in results["searches"] if _finished(s)]
-    done = {(s["workload"], s["trainer"]) for s in searches}
+    done = {(s["workload"], s["trainer"], size) for s in searches for size in s["results"]}
     probed = dict.fromkeys((r["workload"], r["trainer"]) for r in results["runs"] if r["phase"] == "search")
-    for workload, trainer in [k for k in probed if k not in done]:
+    for workload, trainer in probed:
         runs = [r for r in results["runs"] if (r["workload"], r["trainer"]) == (workload, trainer)]
-        searches.append({"workload": workload, "trainer": trainer, "results": measured(runs)})
-        lines.append(f"- {workload}, {trainer}: the search not finished; its findings read from its probes")
+        found = {size: f for size, f in measured(runs).items() if (workload, trainer, size) not in done}
+        if found:
+            searches.append({"workload": workload, "trainer": trainer, "results": found})
+            where = f"{workload}, {trainer}, {', '.join(found)}"
+            lines.append(f"- {where}: the search not finished; its findings read from its probes")
     results["searches"] = searches
     memory = sorted({f["memory"] for s in results["searches"] for f in long_report.findings(s)})
     written = long_report.write(args.out, results, lines, memory)
