@@ -924,18 +924,15 @@ def test_merge_reads_a_memory_cut_off_in_one_folder_beside_a_search_finished_for
     long.write(args, {"environment": env, "models": [], "runs": [], "searches": [done]})
     probes = [(3072, fake_outcome(MiB, [3 << 20] * 2)), (4096, trainers.Outcome(trainers.OVER_CAP, held=MiB))]
     runs = [long.record(dataclasses.replace(args.workloads[0], seq=t), mlx_lm, o, "search", large) for t, o in probes]
-    cut = long.parse_args([*LONG_ARGV, "--out", str(tmp_path / "b")])
-    long.write(cut, {"environment": env, "models": [], "runs": runs, "searches": []})
+    other = long.parse_args([*LONG_ARGV, "--out", str(tmp_path / "b")])
+    long.write(other, {"environment": env, "models": [], "runs": runs, "searches": []})
     results = long.run(
         ["--suite", "long", "--merge", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "all")]
     )
     found = {size: f for s in results["searches"] for size, f in s["results"].items()}
     assert found["3MiB"] == fits
-    assert (found["5MiB"]["longest"], found["5MiB"]["shortest_not_fitting"], found["5MiB"]["measured_only"]) == (
-        3072,
-        4096,
-        True,
-    )
+    cut_off = found["5MiB"]
+    assert (cut_off["longest"], cut_off["shortest_not_fitting"], cut_off["measured_only"]) == (3072, 4096, True)
 
 
 def test_merge_draws_earlier_runs_folders_as_one_with_times_set_against_their_own_folder_s(tmp_path, capsys):
