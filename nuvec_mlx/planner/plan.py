@@ -17,12 +17,12 @@ between repeats, takes the least plan where that fits, or a faster fixed rule
 that fits, below); if no mix fits, it says so, with the smallest peak it can
 reach, measured. Last, it sets the mix against the fixed rules it measured
 (every block in one mode, and every 2nd block checkpointed, the others
-plain): the fastest rule that fits the budget
-and whose profiled step ran faster than the profile predicts the mix would
-is timed against the mix as a loop runs them, and where it ran faster it is
-verified as it runs and taken instead. Staged blocks cost the host a wait
-each, which the per-block recompute times do not show. Rules the profile
-shows slower are not timed: timing is most of a plan's steps.
+plain): the fastest rule that fits the budget and whose profiled step ran
+faster than the profile predicts the mix would is timed against the mix as a
+loop runs them, and where it ran faster it is verified as it runs and taken
+instead. Staged blocks cost the host a wait each, which the per-block
+recompute times do not show. Rules the profile shows slower are not timed:
+timing is most of a plan's steps.
 
 A plan fits when its predicted peak, and its measured peak plus the most the
 same step's peak varied between repeats, are within the budget
