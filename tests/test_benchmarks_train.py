@@ -9,6 +9,7 @@ import itertools
 import json
 import signal
 import sys
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -715,8 +716,9 @@ def test_the_long_suite_searches_by_measuring_and_writes_its_files(tmp_path, cap
     data = json.loads((tmp_path / "results.json").read_text())
     (search,) = data["searches"]
     found = search["results"]["3MiB"]
-    planned = found["planner"]  # nuvec-mlx-plan --longest on the same folder: measured at 64, 96 and 128 tokens
+    (planned,) = data["plans"]  # nuvec-mlx-plan --longest on the same folder: measured at 64, 96 and 128 tokens
     assert [t for t, _ in planned["peaks"]] == [64, 96, 128] and planned["length"] == 128
+    assert (planned["workload"], planned["trainer"], planned["memories"]) == (search["workload"], "nuvec", [3 << 20])
     assert planned["tokens"] > 128 and planned["seconds"] > 0  # extrapolated past what it measured
     runs = {r["length"]: r for r in data["runs"] if r["phase"] == "search" or r["length"] == 64}
     longest, over = runs[found["longest"]], runs[found["shortest_not_fitting"]]
@@ -746,7 +748,7 @@ def test_a_search_s_finding_is_written_before_the_planner_is_asked(tmp_path, mon
         long.run(argv, runner=lambda spec: fake_outcome(MiB, [spec.workload.seq << 12]))  # 4 KiB a token
     data = json.loads((tmp_path / "out" / "results.json").read_text())
     (search,) = data["searches"]
-    assert search["results"]["3MiB"]["longest"] == 512 and "planner" not in search["results"]["3MiB"]
+    assert search["results"]["3MiB"]["longest"] == 512 and data["plans"] == []
 
 
 def test_the_planner_runs_once_beside_a_search_and_answers_each_memory_as_its_budget_would(tmp_path, monkeypatch):
@@ -763,10 +765,40 @@ def test_the_planner_runs_once_beside_a_search_and_answers_each_memory_as_its_bu
     monkeypatch.setattr(planner, "longest", longest)
     argv = [*LONG_ARGV, "--modes", "lora", "--trainers", "nuvec", "--lengths", "", "--memory", "3MiB,5MiB"]
     argv += ["--granularity", "64", "--max-length", "512", "--plan-length", "256", "--out", str(tmp_path / "out")]
-    (search,) = long.run(argv, runner=lambda spec: fake_outcome(MiB, [spec.workload.seq << 12]))["searches"]
+    results = long.run(argv, runner=lambda spec: fake_outcome(MiB, [spec.workload.seq << 12]))
     assert asked == [(5 * MiB, 256)]
-    answers = {size: found["planner"]["tokens"] for size, found in search["results"].items()}
+    ((search,), plans) = results["searches"], results["plans"]
+    answers = {size: long_report.planned(plans, search["workload"], "nuvec", f["memory"])["tokens"]
+               for size, f in search["results"].items()}  # fmt: skip
     assert answers == {"3MiB": 192, "5MiB": 320}  # 3 and 5 MiB at 16 KiB a token
+    rows = [line for line in (tmp_path / "out" / "results.md").read_text().splitlines() if "| nuvec | 3MiB |" in line]
+    assert rows[0].endswith(f"| 192 (measured at 128, 192, 256; 3 s) | {192 / 512:.2f} |")  # 512 fits 3 MiB here
+
+
+def test_plan_only_asks_the_planner_for_every_memory_and_runs_no_probe(tmp_path, monkeypatch):
+    """Minutes where a search takes tens: the planner's answers for memories a search of another run covers
+    or none does (more memory than the device has), each a line of the table marked not searched."""
+    peaks = [[128, 2 * MiB], [192, 3 * MiB], [256, 4 * MiB]]  # 16 KiB a token over 0 held
+    monkeypatch.setattr(long, "_model", lambda w, cache, models: tmp_path)
+    monkeypatch.setattr(planner, "longest", lambda *a, **k: {"peaks": peaks, "seconds": 3.0, "length": 256})
+
+    def no_probe(spec):
+        raise AssertionError(f"a run of {spec.workload.seq} tokens: --plan-only runs none")
+
+    argv = [*LONG_ARGV, "--modes", "lora", "--trainers", "mlx-lm,nuvec", "--lengths", "", "--memory", "3MiB,9MiB"]
+    with pytest.raises(SystemExit):
+        long.parse_args([*argv, "--plan-only"])  # no --plan-length: nothing to ask
+    argv += ["--plan-length", "256", "--plan-only", "--out", str(tmp_path / "out")]
+    results = long.run(argv, runner=no_probe)
+    assert results["searches"] == [] and [p["trainer"] for p in results["plans"]] == ["nuvec"]
+    md = (tmp_path / "out" / "results.md").read_text().splitlines()
+    rows = [line for line in md if "| not searched |" in line]
+    assert [r.split(" | ")[2:4] + [r.split(" | ")[6]] for r in rows] == [
+        ["3MiB", "not searched", "192 (measured at 128, 192, 256; 3 s)"],
+        ["9MiB", "not searched", "576 (measured at 128, 192, 256; 3 s)"],
+    ]
+    (ax,) = long_report.fits_plot(results).axes
+    assert [list(line.get_ydata()) for line in ax.get_lines()] == [[192, 576]]
 
 
 def test_the_long_report_writes_its_table_json_and_plot(tmp_path):
@@ -782,14 +814,15 @@ def test_the_long_report_writes_its_table_json_and_plot(tmp_path):
         long.record(at[128], mlx_lm, trainers.Outcome(trainers.CRASHED, error="exit status -9, no result"), "sweep"),
         long.record(at[128], nuvec, fake_outcome(MiB, [2 * MiB] * 3), "sweep"),
     ]
-    planned = {"tokens": 96, "peaks": [[32, MiB], [48, MiB], [64, 2 * MiB]], "seconds": 7.2, "length": 64}
+    peaks = [[32, MiB], [48, MiB], [64, 2 * MiB]]  # 4 MiB: 80 tokens by the parabola through them
+    plans = [{"workload": runs[0]["workload"], "trainer": "nuvec (mlp=32)", "memories": [4 * MiB], "peaks": peaks,
+              "seconds": 7.2, "length": 64}]  # fmt: skip
     searches = [{"workload": runs[0]["workload"], "trainer": "mlx-lm", "results": {"4MiB": {
         "memory": 4 * MiB, "longest": 64, "peak_in_all": 4 * MiB, "shortest_not_fitting": 128}}},
         {"workload": runs[0]["workload"], "trainer": "nuvec (mlp=32)", "results": {"4MiB": {
-        "memory": 4 * MiB, "longest": 128, "peak_in_all": 3 * MiB, "shortest_not_fitting": None,
-        "planner": planned}}}]  # fmt: skip
+        "memory": 4 * MiB, "longest": 128, "peak_in_all": 3 * MiB, "shortest_not_fitting": None}}}]  # fmt: skip
     results = {"environment": {"command": "c", "backend": "cpu", "device": "d", "mlx": "m", "blas": "b"}}
-    written = long.write(args, {**results, "runs": runs, "searches": searches})
+    written = long.write(args, {**results, "runs": runs, "searches": searches, "plans": plans})
     assert [p.name for p in written] == ["results.json", "results.md", "peak_vs_length.png", "longest_vs_memory.png"]
     md = (tmp_path / "results.md").read_text().splitlines()
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in md if line.startswith("| llama")]
@@ -801,7 +834,7 @@ def test_the_long_report_writes_its_table_json_and_plot(tmp_path):
     ]  # fmt: skip
     assert rows[2][-1] == "out of memory or crashed: exit status -9, no result"
     assert ["mlx-lm", "4MiB", "64", "4.0", "128", "", ""] in [r[1:] for r in rows]
-    assert ["4MiB", "128", "3.0", "", "96 (measured at 32, 48, 64; 7 s)", "0.75"] in [r[2:] for r in rows]
+    assert ["4MiB", "128", "3.0", "", "80 (measured at 32, 48, 64; 7 s)", "0.62"] in [r[2:] for r in rows]
     assert json.loads((tmp_path / "results.json").read_text())["runs"][2]["status"] == trainers.CRASHED
 
 
@@ -933,6 +966,43 @@ def test_merge_reads_a_memory_cut_off_in_one_folder_beside_a_search_finished_for
     assert found["3MiB"] == fits
     cut_off = found["5MiB"]
     assert (cut_off["longest"], cut_off["shortest_not_fitting"], cut_off["measured_only"]) == (3072, 4096, True)
+
+
+def test_merge_sets_the_planner_s_answers_of_one_folder_beside_the_searches_of_others(tmp_path):
+    """A --plan-only folder's answers go beside another folder's finished search, memory by memory; a folder
+    written before the planner's records were kept apart gives its answer beside its own search still."""
+    args = long.parse_args([*LONG_ARGV, "--out", str(tmp_path / "search")])
+    workload = long_report.model_label(args.workloads[0])
+    env = {"command": "c", "backend": "cuda", "device": "d", "mlx": "m", "blas": "b"}
+    peaks = [[128, 2 * MiB], [192, 3 * MiB], [256, 4 * MiB]]  # 16 KiB a token over 0 held
+    asked = {"peaks": peaks, "seconds": 3.0, "length": 256}
+
+    def found(memory: int, longest: int, **planned: Any) -> dict:
+        return {"memory": memory, "longest": longest, "peak_in_all": MiB, "shortest_not_fitting": None, **planned}
+
+    search = {"workload": workload, "trainer": "nuvec", "results": {"3MiB": found(3 * MiB, 256)}}
+    long.write(args, {"environment": env, "models": [], "runs": [], "searches": [search]})
+    plan = {"workload": workload, "trainer": "nuvec", "memories": [3 * MiB, 9 * MiB], **asked}
+    other = long.parse_args([*LONG_ARGV, "--out", str(tmp_path / "plan")])
+    long.write(other, {"environment": env, "models": [], "runs": [], "searches": [], "plans": [plan]})
+    old = {
+        "workload": "old",
+        "trainer": "nuvec",
+        "results": {"4MiB": found(4 * MiB, 200, planner={"tokens": 1, **asked})},
+    }
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "results.json").write_text(
+        json.dumps({"environment": env, "models": [], "runs": [], "searches": [old]})
+    )
+    folders = [str(tmp_path / f) for f in ("search", "plan", "old")]
+    long.run(["--suite", "long", "--merge", *folders, "--out", str(tmp_path / "all")])
+    md = (tmp_path / "all" / "results.md").read_text().splitlines()
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in md if "| nuvec |" in line]
+    assert {tuple(r[:3]): r[6:] for r in rows} == {
+        (workload, "nuvec", "3MiB"): ["192 (measured at 128, 192, 256; 3 s)", f"{192 / 256:.2f}"],
+        ("old", "nuvec", "4MiB"): ["256 (measured at 128, 192, 256; 3 s)", f"{256 / 200:.2f}"],
+        (workload, "nuvec", "9MiB"): ["576 (measured at 128, 192, 256; 3 s)", ""],
+    }
 
 
 def test_merge_draws_earlier_runs_folders_as_one_with_times_set_against_their_own_folder_s(tmp_path, capsys):

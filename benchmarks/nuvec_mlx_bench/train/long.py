@@ -14,7 +14,7 @@ measuring: doubling from the longest length measured to fit, then bisecting, eac
 limit, and a guard that ends a probe as soon as MLX's memory passes the cap). The lengths the sweep
 measured count in the search. A run that runs out of memory is a result, not the end of the run.
 With ``--plan-length``, ``nuvec-mlx-plan --longest``'s answer to the same question stands beside each of
-nuvec's (:mod:`.planner`).
+nuvec's (:mod:`.planner`); with ``--plan-only`` too, it is asked instead of searching.
 Writes ``results.json``, ``results.md``, ``peak_vs_length.png`` and (after a search) ``longest_vs_memory.png``
 into ``--out`` after every run.
 """
@@ -111,6 +111,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="beside each nuvec search, nuvec-mlx-plan --longest's answer for each memory, measured at a half, three "
         "quarters and all of this many tokens, extrapolated (default: none)",
     )
+    p.add_argument(
+        "--plan-only",
+        action="store_true",
+        help="with --plan-length: nuvec-mlx-plan's answer for each memory of --memory, no search (minutes where a "
+        "search takes tens; set beside a search of another run by --merge)",
+    )
     p.add_argument("--dtype", choices=testing.DTYPES, default="bfloat16", help="the weights' dtype")
     p.add_argument("--lora-rank", type=options.positive, default=8)
     p.add_argument(
@@ -173,6 +179,8 @@ def _check(args: argparse.Namespace) -> None:
     unknown = set(options.csv(args.configs)) - set(testing.PUBLIC_CONFIGS)
     if unknown:
         raise ValueError(f"--configs: unknown {sorted(unknown)}; choose from {', '.join(testing.PUBLIC_CONFIGS)}")
+    if args.plan_only and not args.plan_length:
+        raise ValueError("--plan-only asks the planner instead of searching: give --plan-length")
     first = args.search_from or (args.lengths[0] if args.lengths else 4096)
     common = dict(batch=args.batch, seq=first, dtype=args.dtype, lora_rank=args.lora_rank)
     modes = options.csv(args.modes)
@@ -395,7 +403,7 @@ def run(argv: list[str] | None = None, runner: Runner | None = None) -> dict[str
     run_one = runner or functools.partial(trainers.run, timeout=args.run_timeout)
     env = trainers.describe(environment.command_line("nuvec-mlx-bench-train", argv))
     args.searched = _searchable(args.memory, env.get("device_memory", 0))
-    results: dict[str, Any] = {"environment": env, "models": [], "runs": [], "searches": []}
+    results: dict[str, Any] = {"environment": env, "models": [], "runs": [], "searches": [], "plans": []}
 
     def done(r: dict) -> None:
         results["runs"].append(r)
@@ -413,33 +421,30 @@ def run(argv: list[str] | None = None, runner: Runner | None = None) -> dict[str
                     bar.update(r["phase"] == "sweep")
 
                 known = sweep(w, args, folder, run_one, ended)
-                for t in args.trainer_list if args.searched else []:
-                    found = search_trainer(w, t, args, folder, known[t.label()], run_one, ended)
-                    results["searches"].append(found)
-                    write(args, results, partial=True)  # before the planner, which may take minutes
+                for t in args.trainer_list if args.searched or args.plan_only else []:
+                    if not args.plan_only:
+                        found = search_trainer(w, t, args, folder, known[t.label()], run_one, ended)
+                        results["searches"].append(found)
+                        write(args, results, partial=True)  # before the planner, which may take minutes
                     if args.plan_length and planner.plans(t):
-                        plan_beside(found, w, t, args, folder)
+                        results["plans"].append(plan_beside(w, t, args, folder))
                         write(args, results, partial=True)
     written = write(args, results)
     print("\n".join(long_report.table(results["runs"])))
-    print("\n".join(long_report.search_table(results["searches"])))
+    print("\n".join(long_report.search_table(results["searches"], results["plans"])))
     print(f"wrote {', '.join(p.name for p in written)} into {args.out}")
     return results
 
 
-def plan_beside(found: dict[str, Any], w: TrainWorkload, t: Trainer, args: argparse.Namespace, folder: Path) -> None:
-    """Add ``nuvec-mlx-plan --longest``'s answer (measured at up to ``args.plan_length`` tokens) to each memory of
-    ``found``, :func:`search_trainer`'s result, as ``planner``: the command run once, for the largest memory
-    (:func:`~nuvec_mlx_bench.train.planner.longest`), its measurements solved for each other memory as it would
-    solve them (:func:`~nuvec_mlx_bench.train.planner.answer`): minutes per run on a large model, once."""
-    results = {size: r for size, r in found["results"].items() if "error" not in r}
-    if not results:
-        return
-    largest = max(r["memory"] for r in results.values())
-    tqdm.write(f"{found['workload']}: {found['trainer']}: nuvec-mlx-plan --longest", file=sys.stderr)
-    asked = planner.longest(w, t, folder, largest, args.plan_length, timeout=args.run_timeout)
-    for result in results.values():
-        result["planner"] = planner.answer(asked, result["memory"])
+def plan_beside(w: TrainWorkload, t: Trainer, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    """``nuvec-mlx-plan --longest``'s answer to the search's question, measured at up to ``args.plan_length``
+    tokens: the command run once, for the largest memory of ``args.memory``
+    (:func:`~nuvec_mlx_bench.train.planner.longest`), minutes on a large model. Returns its record: the model
+    (``workload``), ``trainer`` and ``memories`` (bytes) with the command's measurements, from which
+    :func:`~nuvec_mlx_bench.train.planner.answer` solves each memory as the command would."""
+    tqdm.write(f"{long_report.model_label(w)}: {t.label()}: nuvec-mlx-plan --longest", file=sys.stderr)
+    asked = planner.longest(w, t, folder, max(args.memory), args.plan_length, timeout=args.run_timeout)
+    return {"workload": long_report.model_label(w), "trainer": t.label(), "memories": args.memory, **asked}
 
 
 def _model(w: TrainWorkload, cache: Path, models: list[dict]) -> Path:

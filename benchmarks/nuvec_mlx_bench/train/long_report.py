@@ -22,6 +22,7 @@ from nuvec_mlx.memory import MiB
 
 from ..core import options, rounds
 from ..core.figures import caption, save_figure, spread
+from . import planner
 from .cases import LOGITS_LIMIT, TrainWorkload
 from .trainers import CRASHED
 
@@ -115,17 +116,22 @@ def outcome_text(r: dict) -> str:
     return text
 
 
-def search_table(searches: list[dict]) -> list[str]:
-    """The search's Markdown table: one line per model, trainer and memory."""
-    if not searches:
+def search_table(searches: list[dict], plans: list[dict] | None = None) -> list[str]:
+    """The search's Markdown table: one line per model, trainer and memory; beside each, the planner's answer
+    where ``plans`` (:func:`nuvec_mlx_bench.train.long.plan_beside`'s records) has one for that model and
+    trainer, and a line for each memory the planner was asked for that no search found a length for."""
+    plans = plans or []
+    if not searches and not plans:
         return []
     lines = [
         "| model | trainer | memory | longest tokens that fit | its peak in all MiB | shortest measured not to fit "
         "| nuvec-mlx-plan --longest | / the search's |",
         "| --- " * 8 + "|",
     ]
+    searched = set()
     for s in searches:
         for size, found in s["results"].items():
+            searched.add((s["workload"], s["trainer"], found["memory"]))
             head = f"| {s['workload']} | {s['trainer']} | {size} |"
             if "error" in found:
                 lines.append(f"{head} error: {shortened(found['error'])} | | | | |")
@@ -139,22 +145,34 @@ def search_table(searches: list[dict]) -> list[str]:
                 f"{found['longest']:,}" + (" (its probes' longest)" if found.get("measured_only") else ""),
                 f"{peak / MiB:,.1f}" if peak else "",
                 (f"{over:,}" if over else "") + failed,
-                *planner_cells(found.get("planner"), found["longest"]),
+                *planner_cells(planned(plans, s["workload"], s["trainer"], found["memory"]), found["longest"]),
             ]
             lines.append("| " + " | ".join(cells) + " |")
+    for p in plans:
+        for memory in p["memories"]:
+            if (p["workload"], p["trainer"], memory) not in searched:
+                cells = [p["workload"], p["trainer"], options.size_text(memory), "not searched", "", ""]
+                lines.append("| " + " | ".join(cells + planner_cells(planner.answer(p, memory), 0)) + " |")
     return lines
 
 
-def planner_cells(planned: dict | None, longest: int) -> list[str]:
-    """The planner's answer beside a search's (``planner`` of :func:`nuvec_mlx_bench.train.long.plan_beside`):
-    its tokens, the lengths it measured and its time, and its ratio to the longest length measured to fit."""
-    if planned is None:
+def planned(plans: list[dict], workload: str, trainer: str, memory: int) -> dict | None:
+    """The planner's answer for ``memory`` bytes from the first of ``plans`` for ``workload`` and ``trainer``
+    (:func:`nuvec_mlx_bench.train.planner.answer`), or ``None`` where it was not asked."""
+    asked = next((p for p in plans if (p["workload"], p["trainer"]) == (workload, trainer)), None)
+    return None if asked is None else planner.answer(asked, memory)
+
+
+def planner_cells(answer: dict | None, longest: int) -> list[str]:
+    """The planner's answer (:func:`planned`) beside a search's: its tokens, the lengths it measured and its
+    time, and its ratio to the longest length measured to fit (none where nothing was searched)."""
+    if answer is None:
         return ["", ""]
-    if "error" in planned:
-        return [f"error: {shortened(planned['error'])}", ""]
-    measured = ", ".join(f"{t:,}" for t, _ in planned["peaks"])
-    text = f"{planned['tokens']:,} (measured at {measured}; {planned['seconds']:.0f} s)"
-    return [text, f"{planned['tokens'] / longest:.2f}" if longest else ""]
+    if "error" in answer:
+        return [f"error: {shortened(answer['error'])}", ""]
+    measured = ", ".join(f"{t:,}" for t, _ in answer["peaks"])
+    text = f"{answer['tokens']:,} (measured at {measured}; {answer['seconds']:.0f} s)"
+    return [text, f"{answer['tokens'] / longest:.2f}" if longest else ""]
 
 
 def notes(results: dict, args: argparse.Namespace) -> list[str]:
@@ -255,9 +273,11 @@ def _panel(ax: Any, runs: list[dict], searches: list[dict], memory: list[int]) -
 def fits_plot(results: dict) -> Figure | None:
     """What fits: the longest length measured to fit against the memory, one panel per model and mode, one
     line per trainer (its searches' findings together: a merge's folders may each have searched some memories);
-    the planner's answers (``--plan-length``) as open markers. ``None`` before a search found a length."""
+    the planner's answers (``--plan-length``, ``--plan-only``) as open markers, also for memories not searched.
+    ``None`` before a search found a length or the planner answered."""
     searches = [s for s in results["searches"] if any(f["longest"] for f in findings(s))]
-    labels = list(dict.fromkeys(s["workload"] for s in searches))
+    plans = [p for p in results.get("plans", []) if "error" not in p]
+    labels = list(dict.fromkeys([s["workload"] for s in searches] + [p["workload"] for p in plans]))
     if not labels:
         return None
     fig = Figure(figsize=(6, 1.5 + 3.2 * len(labels)))
@@ -270,16 +290,20 @@ def fits_plot(results: dict) -> Figure | None:
             gib = [f["memory"] / 2**30 for f in found]
             ticks.update({m: options.size_text(f["memory"]) for m, f in zip(gib, found)})
             ax.plot(gib, [f["longest"] for f in found], marker + "-", ms=4, color=color, label=trainer)
-            planned = [(m, f["planner"]["tokens"]) for m, f in zip(gib, found) if "tokens" in f.get("planner", {})]
-            if planned:
-                ax.plot(*zip(*planned), marker, ms=7, mfc="none", color=color, label=f"{trainer}: nuvec-mlx-plan")
+        for p in (p for p in plans if p["workload"] == label):
+            color, marker = STYLES.get(p["trainer"].split(" ")[0], ("k", "o"))
+            answers = [(m / 2**30, planner.answer(p, m)["tokens"]) for m in sorted(p["memories"])]
+            answers = [(m, t) for m, t in answers if t]
+            ticks.update({m: options.size_text(round(m * 2**30)) for m, _ in answers})
+            if answers:
+                ax.plot(*zip(*answers), marker, ms=7, mfc="none", color=color, label=f"{p['trainer']}: nuvec-mlx-plan")
         ax.set_yscale("log", base=2)
         for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
             axis(FuncFormatter(lambda y, _: f"{y:,.0f}"))
         ax.set_xticks(list(ticks), list(ticks.values()), fontsize=7)
         ax.set_xlabel("memory in all: weights, adapters, optimizer state, step")
         ax.set_ylabel("longest sequence that fits (tokens)")
-        ax.set_title(f"{label}: measured by search", fontsize=9)
+        ax.set_title(f"{label}: measured by search (open: the planner's answer)", fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
@@ -296,14 +320,27 @@ def write(out: Path, results: dict, lines: list[str], memory: list[int]) -> list
     plots = [save_figure(fig, out / name, text) for name, fig in figures.items() if fig is not None]
     (out / "results.json").write_text(json.dumps({**results, "notes": lines}, indent=1))
     head = ["# Fine-tuning benchmark: long sequences", "", *(f"- {k}: `{v}`" for k, v in env.items()), ""]
-    body = table(results["runs"]) + [""] + search_table(results["searches"])
+    body = table(results["runs"]) + [""] + search_table(results["searches"], results.get("plans"))
     pics = [f"![{p.stem}]({p.name})" for p in plots]
     (out / "results.md").write_text("\n".join(head + lines + [""] + body + [""] + pics) + "\n")
     return [out / "results.json", out / "results.md", *plots]
 
 
+def plans_of(results: dict) -> list[dict]:
+    """A folder's planner records: its ``plans``, and for a folder written before they were kept apart, each
+    search's answer kept beside its findings (``planner``), as one record for the memories it searched."""
+    nested = []
+    for s in results["searches"]:
+        answers = [f for f in s["results"].values() if "planner" in f]
+        if answers:
+            asked = {k: v for k, v in answers[0]["planner"].items() if k != "tokens"}
+            memories = [f["memory"] for f in answers]
+            nested.append({"workload": s["workload"], "trainer": s["trainer"], "memories": memories, **asked})
+    return results.get("plans", []) + nested
+
+
 def merge(folders: list[Path]) -> tuple[dict, list[str]]:
-    """The results of earlier runs of the suite, one folder each, as one: the runs and searches of every
+    """The results of earlier runs of the suite, one folder each, as one: the runs, searches and plans of every
     folder, each tagged with its folder's name (``source``), and their notes.
 
     So that lengths measured on separate runs (a long length each, or a loan each) are drawn and tabled
@@ -329,6 +366,7 @@ def merge(folders: list[Path]) -> tuple[dict, list[str]]:
         "models": [m for p in parts.values() for m in p["models"]],
         "runs": [{**r, "source": name} for name, p in parts.items() for r in p["runs"]],
         "searches": [{**s, "source": name} for name, p in parts.items() for s in p["searches"]],
+        "plans": [{**plan, "source": name} for name, p in parts.items() for plan in plans_of(p)],
     }
     sources = [
         f"- `{name}`: `{e['command']}`, {e.get('date', '?')}, {e.get('device', '?')}" for name, e in zip(parts, envs)
