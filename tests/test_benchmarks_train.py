@@ -785,7 +785,8 @@ def test_plan_only_asks_the_planner_for_every_memory_and_runs_no_probe(tmp_path,
     def no_probe(spec):
         raise AssertionError(f"a run of {spec.workload.seq} tokens: --plan-only runs none")
 
-    argv = [*LONG_ARGV, "--modes", "lora", "--trainers", "mlx-lm,nuvec", "--lengths", "", "--memory", "3MiB,9MiB"]
+    memories = "3MiB,9MiB,64MiB"  # 64 MiB: past 4 x 256 tokens, as far as the command extrapolates
+    argv = [*LONG_ARGV, "--modes", "lora", "--trainers", "mlx-lm,nuvec", "--lengths", "", "--memory", memories]
     with pytest.raises(SystemExit):
         long.parse_args([*argv, "--plan-only"])  # no --plan-length: nothing to ask
     argv += ["--plan-length", "256", "--plan-only", "--out", str(tmp_path / "out")]
@@ -796,9 +797,10 @@ def test_plan_only_asks_the_planner_for_every_memory_and_runs_no_probe(tmp_path,
     assert [r.split(" | ")[2:4] + [r.split(" | ")[6]] for r in rows] == [
         ["3MiB", "not searched", "192 (measured at 128, 192, 256; 3 s)"],
         ["9MiB", "not searched", "576 (measured at 128, 192, 256; 3 s)"],
+        ["64MiB", "not searched", "at least 1,016 (measured at 128, 192, 256; 3 s)"],
     ]
     (ax,) = long_report.fits_plot(results).axes
-    assert [list(line.get_ydata()) for line in ax.get_lines()] == [[192, 576]]
+    assert [list(line.get_ydata()) for line in ax.get_lines()] == [[192, 576, 1016]]
 
 
 def test_the_long_report_writes_its_table_json_and_plot(tmp_path):

@@ -242,20 +242,35 @@ def test_a_bad_config_value_data_or_model_is_a_usage_error_before_loading(
 def test_longest_answers_the_length_that_fits_from_short_steps(folder, tmp_path, capsys, verify):
     """--longest measures a half, three quarters and all of --max-seq-length, extrapolates to the budget, and with
     --verify measures at the answer: the answer fits where it was measured, and is beyond what was run."""
-    argv = ["--model", folder, "--batch-size", "1", "--max-seq-length", "256", "--budget", "40MB"]
+    argv = ["--model", folder, "--batch-size", "1", "--max-seq-length", "256", "--budget", "10MB"]
     status, printed = plan(capsys, *argv, "--longest", "--verify", verify, "--json", tmp_path / "o.json")
     found = json.loads((tmp_path / "o.json").read_text())["longest"]
     assert status == 0 and [size for size, _ in found["peaks"][:3]] == [128, 192, 256]
     assert found["tokens"] > 256 and found["tokens"] % 8 == 0 and found["verified"] == bool(verify)
-    assert f"longest sequence that fits 40.0 MB at batch 1: {found['tokens']} tokens" in printed
+    assert not found["at_reach"]  # the curve's answer, short of 4 x 256
+    assert f"longest sequence that fits 10.0 MB at batch 1: {found['tokens']} tokens" in printed
     if verify:
         peaks = dict(map(tuple, found["peaks"]))
-        assert peaks[found["tokens"]] <= 40e6 and len(found["peaks"]) == 4
+        assert peaks[found["tokens"]] <= 10e6 and len(found["peaks"]) == 4
         assert "measured there" in printed
     else:
         assert len(found["peaks"]) == 3 and "not run at that length" in printed
         # the budget's only use: the answer is the measurements' parabola solved for it
-        assert found["tokens"] == fit.solve(found["peaks"], 40_000_000, command.LENGTH_MULTIPLE)
+        assert found["tokens"] == fit.solve(found["peaks"], 10_000_000, command.LENGTH_MULTIPLE)
+
+
+@pytest.mark.parametrize("verify", [0, 1])
+def test_longest_says_its_answer_is_a_lower_bound_where_the_budget_outreaches_its_extrapolation(
+    folder, tmp_path, capsys, verify
+):
+    """A budget far above what --max-seq-length's steps take: the answer stops at 4x the longest length
+    measured (measured there with --verify), and the command says longer may fit and how to measure it."""
+    argv = ["--model", folder, "--batch-size", "1", "--max-seq-length", "64", "--budget", "4GB", "--longest"]
+    status, printed = plan(capsys, *argv, "--verify", verify, "--json", tmp_path / "o.json")
+    found = json.loads((tmp_path / "o.json").read_text())["longest"]
+    assert status == 0 and found["tokens"] == 4 * 64 - command.LENGTH_MULTIPLE and found["at_reach"]
+    assert "at least this: the extrapolation goes no further than 4x the longest length measured first" in printed
+    assert "--max-seq-length 256 measures longer lengths" in printed and ("measured there" in printed) == bool(verify)
 
 
 def test_longest_says_when_it_extrapolated_below_every_length_it_measured(folder, tmp_path, capsys):

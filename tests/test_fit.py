@@ -10,7 +10,7 @@ import pytest
 import nuvec_mlx as nv
 from nuvec_mlx.memory import MiB
 from nuvec_mlx.planner import _trial
-from nuvec_mlx.planner.fit import solve
+from nuvec_mlx.planner.fit import REACH, at_reach, solve
 from nuvec_mlx_bench import testing
 from tests.helpers import held_while_unobserved, tiny_llama
 
@@ -19,6 +19,15 @@ def test_solve_extrapolates_a_parabola_and_a_line():
     assert solve([(1, 110), (2, 120), (4, 140)], budget=200, multiple=1) == 10  # a line: 100 + 10 s
     assert solve([(16, 110), (32, 130), (64, 190)], budget=400, multiple=8) == 128  # curving up
     assert solve([(10, 100), (20, 300)], budget=250, multiple=1) == 17  # above the largest measured size: below it
+
+
+def test_solve_goes_no_further_than_its_reach_and_says_where_it_stopped_there():
+    """A flat fit says little about far sizes: past REACH x the largest size measured the answer is a lower
+    bound, and at_reach tells it from an answer the curve itself gave."""
+    line = [(1, 110), (2, 120), (4, 140)]  # 100 + 10 s: 200 at 10, a million at 99,990
+    assert solve(line, budget=10**6, multiple=1) == REACH * 4 - 1 and at_reach(REACH * 4 - 1, 4, 1)
+    assert solve(line, budget=10**6, multiple=8) == 8 and at_reach(8, 4, 8)  # 15 rounded down to a multiple
+    assert solve(line, budget=200, multiple=1) == 10 and not at_reach(10, 4, 1)
 
 
 def test_solve_reads_every_point_so_noise_between_close_sizes_cannot_bend_the_curve():

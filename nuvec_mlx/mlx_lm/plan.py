@@ -42,6 +42,7 @@ import mlx.nn as nn
 from .. import _validate, policies
 from ..chunking import chunk_layers
 from ..planner import Fit, Plan, largest_fit, plan, saved_activations
+from ..planner.fit import REACH, at_reach
 from ..step import TrainingStep
 from . import lora, recurrences
 from ._report import peak_text
@@ -282,8 +283,23 @@ class _Planning:
         measured = ", ".join(f"{size}: {peak_text(peak)}" for size, peak in fit.peaks)
         verified = fit.size > max(sizes)
         answer = fit.size if verified or self.command.verify else fit.predicted
-        self.result["longest"] = {**dataclasses.asdict(fit), "tokens": answer, "verified": verified, "rows": rows}
-        if verified:
+        # Nothing measured failed and the curve fits the budget as far as it is read: longer may fit too.
+        reached = fit.below is None and fit.size > 0 and at_reach(answer, max(sizes), LENGTH_MULTIPLE)
+        self.result["longest"] = {
+            **dataclasses.asdict(fit),
+            "tokens": answer,
+            "verified": verified,
+            "at_reach": reached,
+            "rows": rows,
+        }
+        if reached:
+            how = (
+                ("measured there; " if verified else "")
+                + f"at least this: the extrapolation goes no further than {REACH}x the longest length measured first"
+                + ("" if verified else ", not run there")
+                + f"; --max-seq-length {REACH * max(sizes)} measures longer lengths for a longer answer"
+            )
+        elif verified:
             how = "measured there"
         elif self.command.verify:
             how = f"the longest measured to fit: {fit.below} was measured not to; a larger --verify narrows it"

@@ -96,9 +96,14 @@ def _solve3(m: list[list[float]], rhs: list[float]) -> tuple[float, float, float
     return x0, x1, x2
 
 
+#: The extrapolation goes at most this many times the largest size measured: a flat fit says little about far
+#: sizes. An answer there (:func:`at_reach`) is a lower bound, not the largest size that fits.
+REACH = 4
+
+
 def solve(points: Sequence[tuple[int, int]], budget: int, multiple: int) -> int:
-    """The largest multiple of ``multiple`` whose fitted peak is at most ``budget`` (at most 4x
-    the largest size in ``points``).
+    """The largest multiple of ``multiple`` whose fitted peak is at most ``budget``, below :data:`REACH`
+    times the largest size in ``points``.
 
     Example:
         >>> solve([(1, 110), (2, 120), (4, 140)], budget=200, multiple=1)
@@ -108,14 +113,25 @@ def solve(points: Sequence[tuple[int, int]], budget: int, multiple: int) -> int:
     top = max(s for s, _ in points)
     if model(top) > budget:  # the fit already overshoots: search below
         hi, lo = top, 0
-    else:  # at most 4x the largest size measured: a flat fit says little about far sizes
+    else:
         lo, hi = top, top * 2
-        while model(hi) <= budget and hi < top * 4:
+        while model(hi) <= budget and hi < top * REACH:
             lo, hi = hi, hi * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if model(mid) <= budget else (lo, mid)
     return lo // multiple * multiple
+
+
+def at_reach(size: int, measured: int, multiple: int) -> bool:
+    """Whether ``size``, an answer of :func:`solve` from sizes up to ``measured``, is as far as it extrapolates
+    (:data:`REACH` times ``measured``): longer sizes may fit too.
+
+    Example:
+        >>> at_reach(solve([(1, 110), (2, 120), (4, 140)], budget=10**6, multiple=1), measured=4, multiple=1)
+        True
+    """
+    return size + multiple >= REACH * measured
 
 
 def largest_fit(

@@ -164,15 +164,18 @@ def planned(plans: list[dict], workload: str, trainer: str, memory: int) -> dict
 
 
 def planner_cells(answer: dict | None, longest: int) -> list[str]:
-    """The planner's answer (:func:`planned`) beside a search's: its tokens, the lengths it measured and its
-    time, and its ratio to the longest length measured to fit (none where nothing was searched)."""
+    """The planner's answer (:func:`planned`) beside a search's: its tokens ("at least" where it is as far as
+    the command extrapolates), the lengths it measured and its time, and its ratio to the longest length
+    measured to fit (none where nothing was searched)."""
     if answer is None:
         return ["", ""]
     if "error" in answer:
         return [f"error: {shortened(answer['error'])}", ""]
     measured = ", ".join(f"{t:,}" for t, _ in answer["peaks"])
-    text = f"{answer['tokens']:,} (measured at {measured}; {answer['seconds']:.0f} s)"
-    return [text, f"{answer['tokens'] / longest:.2f}" if longest else ""]
+    least = "at least " if answer.get("at_reach") else ""  # as far as it extrapolates
+    text = f"{least}{answer['tokens']:,} (measured at {measured}; {answer['seconds']:.0f} s)"
+    ratio = f"{'>= ' if least else ''}{answer['tokens'] / longest:.2f}" if longest else ""
+    return [text, ratio]
 
 
 def notes(results: dict, args: argparse.Namespace) -> list[str]:

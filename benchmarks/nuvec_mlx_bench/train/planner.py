@@ -106,7 +106,8 @@ def longest(
 def answer(asked: dict[str, Any], memory: int) -> dict[str, Any]:
     """:func:`longest`'s result ``asked`` for another budget, ``memory`` bytes: the command's answer at
     ``--verify 0`` (its parabola through the peaks it measured, solved for the budget), without running it
-    again; an ``error`` stays as it is.
+    again, and ``at_reach``: whether the answer is as far as the command extrapolates
+    (:func:`nuvec_mlx.planner.fit.at_reach`), a lower bound; an ``error`` stays as it is.
 
     Example:
         >>> asked = longest(w, Trainer("nuvec"), folder, memory=64 << 30, length=8192)
@@ -114,4 +115,6 @@ def answer(asked: dict[str, Any], memory: int) -> dict[str, Any]:
     """
     if "error" in asked:
         return asked
-    return {**asked, "tokens": fit.solve(asked["peaks"], memory, LENGTH_MULTIPLE)}
+    tokens = fit.solve(asked["peaks"], memory, LENGTH_MULTIPLE)
+    reach = fit.at_reach(tokens, max(t for t, _ in asked["peaks"]), LENGTH_MULTIPLE)
+    return {**asked, "tokens": tokens, "at_reach": reach}
