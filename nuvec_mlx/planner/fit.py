@@ -157,7 +157,9 @@ def largest_fit(
     measured by two steps run as a training loop runs them (the first
     compiles; both count), not read stage by stage as :func:`nuvec_mlx.plan`
     reads its steps, which costs each step in proportion to its stages and
-    memory. The model, the optimizer and MLX's random key are left as they were.
+    memory. The model, the optimizer and MLX's random key are left as they were. Each extrapolation goes at
+    most :data:`REACH` times the largest size measured so far: where the budget holds far more than the sizes
+    measured and the tries run out first, ``below`` is ``None`` and the answer is a lower bound.
 
     Args:
         step: the training step.
