@@ -972,7 +972,8 @@ def test_merge_reads_a_memory_cut_off_in_one_folder_beside_a_search_finished_for
 
 def test_merge_sets_the_planner_s_answers_of_one_folder_beside_the_searches_of_others(tmp_path):
     """A --plan-only folder's answers go beside another folder's finished search, memory by memory; a folder
-    written before the planner's records were kept apart gives its answer beside its own search still."""
+    written before the planner's records were kept apart gives each memory's answer, measured apart there,
+    beside its own search still."""
     args = long.parse_args([*LONG_ARGV, "--out", str(tmp_path / "search")])
     workload = long_report.model_label(args.workloads[0])
     env = {"command": "c", "backend": "cuda", "device": "d", "mlx": "m", "blas": "b"}
@@ -987,10 +988,14 @@ def test_merge_sets_the_planner_s_answers_of_one_folder_beside_the_searches_of_o
     plan = {"workload": workload, "trainer": "nuvec", "memories": [3 * MiB, 9 * MiB], **asked}
     other = long.parse_args([*LONG_ARGV, "--out", str(tmp_path / "plan")])
     long.write(other, {"environment": env, "models": [], "runs": [], "searches": [], "plans": [plan]})
+    apart = {"peaks": [[t, p // 2] for t, p in peaks], "seconds": 5.0, "length": 256}  # 8 KiB a token
     old = {
         "workload": "old",
         "trainer": "nuvec",
-        "results": {"4MiB": found(4 * MiB, 200, planner={"tokens": 1, **asked})},
+        "results": {
+            "4MiB": found(4 * MiB, 200, planner={"tokens": 1, **asked}),
+            "6MiB": found(6 * MiB, 700, planner={"tokens": 1, **apart}),
+        },
     }
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "results.json").write_text(
@@ -1003,6 +1008,7 @@ def test_merge_sets_the_planner_s_answers_of_one_folder_beside_the_searches_of_o
     assert {tuple(r[:3]): r[6:] for r in rows} == {
         (workload, "nuvec", "3MiB"): ["192 (measured at 128, 192, 256; 3 s)", f"{192 / 256:.2f}"],
         ("old", "nuvec", "4MiB"): ["256 (measured at 128, 192, 256; 3 s)", f"{256 / 200:.2f}"],
+        ("old", "nuvec", "6MiB"): ["768 (measured at 128, 192, 256; 5 s)", f"{768 / 700:.2f}"],
         (workload, "nuvec", "9MiB"): ["576 (measured at 128, 192, 256; 3 s)", ""],
     }
 

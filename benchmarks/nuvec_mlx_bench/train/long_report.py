@@ -157,9 +157,11 @@ def search_table(searches: list[dict], plans: list[dict] | None = None) -> list[
 
 
 def planned(plans: list[dict], workload: str, trainer: str, memory: int) -> dict | None:
-    """The planner's answer for ``memory`` bytes from the first of ``plans`` for ``workload`` and ``trainer``
-    (:func:`nuvec_mlx_bench.train.planner.answer`), or ``None`` where it was not asked."""
-    asked = next((p for p in plans if (p["workload"], p["trainer"]) == (workload, trainer)), None)
+    """The planner's answer for ``memory`` bytes (:func:`nuvec_mlx_bench.train.planner.answer`) from the record
+    of ``plans`` for ``workload`` and ``trainer`` that was asked for that memory, else the first for them;
+    ``None`` where none was asked."""
+    mine = [p for p in plans if (p["workload"], p["trainer"]) == (workload, trainer)]
+    asked = next((p for p in mine if memory in p["memories"]), mine[0] if mine else None)
     return None if asked is None else planner.answer(asked, memory)
 
 
@@ -331,14 +333,14 @@ def write(out: Path, results: dict, lines: list[str], memory: list[int]) -> list
 
 def plans_of(results: dict) -> list[dict]:
     """A folder's planner records: its ``plans``, and for a folder written before they were kept apart, each
-    search's answer kept beside its findings (``planner``), as one record for the memories it searched."""
-    nested = []
-    for s in results["searches"]:
-        answers = [f for f in s["results"].values() if "planner" in f]
-        if answers:
-            asked = {k: v for k, v in answers[0]["planner"].items() if k != "tokens"}
-            memories = [f["memory"] for f in answers]
-            nested.append({"workload": s["workload"], "trainer": s["trainer"], "memories": memories, **asked})
+    search's answers kept beside its findings (``planner``), one record per memory (each may have been
+    measured apart)."""
+    nested = [
+        {"workload": s["workload"], "trainer": s["trainer"], "memories": [f["memory"]], **f["planner"]}
+        for s in results["searches"]
+        for f in s["results"].values()
+        if "planner" in f
+    ]
     return results.get("plans", []) + nested
 
 
