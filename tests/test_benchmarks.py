@@ -1015,6 +1015,21 @@ def test_the_attention_probe_measures_each_shape_and_rejects_a_malformed_one(cap
             load_probe("attention_backward").main(["--shapes", bad])
 
 
+def test_the_attention_probe_measures_nuvec_s_query_chunks_beside_mlx_s_call(capsys):
+    """On the CPU attention trains unfused: chunks of 128 queries hold a fraction of the whole call's scores."""
+    found = load_probe("attention_backward").main(
+        ["--shapes", "1024:1024:4:1", "--head-dim", "16", "--chunks", "0,128"]
+    )
+    whole, chunked = (float(r.split()[1].replace(",", "")) for r in found.values())
+    assert list(found) == [
+        "queries 1024 keys 1024 heads 4 kv 1 dim 16",
+        "queries 1024 keys 1024 heads 4 kv 1 dim 16 chunks 128",
+    ]
+    assert chunked < whole / 2, found
+    with pytest.raises(SystemExit):
+        load_probe("attention_backward").main(["--shapes", "64:64:2:1", "--chunks", "-8"])
+
+
 @pytest.mark.parametrize("way", ["nuvec", "mlx-lm"])
 def test_the_gated_delta_probe_times_each_repeat_of_either_way(way, capsys):
     seconds = load_probe("gated_delta_time").main(["--tokens", "40", "--heads", "2", "--dim", "8", "--way", way])
