@@ -987,7 +987,8 @@ def test_merge_sets_the_planner_s_answers_of_one_folder_beside_the_searches_of_o
     long.write(args, {"environment": env, "models": [], "runs": [], "searches": [search]})
     plan = {"workload": workload, "trainer": "nuvec", "memories": [3 * MiB, 9 * MiB], **asked}
     other = long.parse_args([*LONG_ARGV, "--out", str(tmp_path / "plan")])
-    long.write(other, {"environment": env, "models": [], "runs": [], "searches": [], "plans": [plan]})
+    twice = [plan, {**plan, "memories": [9 * MiB]}]  # two runs asked for 9 MiB: one line for it
+    long.write(other, {"environment": env, "models": [], "runs": [], "searches": [], "plans": twice})
     apart = {"peaks": [[t, p // 2] for t, p in peaks], "seconds": 5.0, "length": 256}  # 8 KiB a token
     old = {
         "workload": "old",
@@ -1005,6 +1006,7 @@ def test_merge_sets_the_planner_s_answers_of_one_folder_beside_the_searches_of_o
     long.run(["--suite", "long", "--merge", *folders, "--out", str(tmp_path / "all")])
     md = (tmp_path / "all" / "results.md").read_text().splitlines()
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in md if "| nuvec |" in line]
+    assert len(rows) == len({tuple(r[:3]) for r in rows}) == 4
     assert {tuple(r[:3]): r[6:] for r in rows} == {
         (workload, "nuvec", "3MiB"): ["192 (measured at 128, 192, 256; 3 s)", f"{192 / 256:.2f}"],
         ("old", "nuvec", "4MiB"): ["256 (measured at 128, 192, 256; 3 s)", f"{256 / 200:.2f}"],

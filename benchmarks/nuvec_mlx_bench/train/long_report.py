@@ -151,6 +151,7 @@ def search_table(searches: list[dict], plans: list[dict] | None = None) -> list[
     for p in plans:
         for memory in p["memories"]:
             if (p["workload"], p["trainer"], memory) not in searched:
+                searched.add((p["workload"], p["trainer"], memory))  # one line a memory, whichever record asked
                 cells = [p["workload"], p["trainer"], options.size_text(memory), "not searched", "", ""]
                 lines.append("| " + " | ".join(cells + planner_cells(planner.answer(p, memory), 0)) + " |")
     return lines
@@ -297,11 +298,12 @@ def fits_plot(results: dict) -> Figure | None:
             ax.plot(gib, [f["longest"] for f in found], marker + "-", ms=4, color=color, label=trainer)
         for p in (p for p in plans if p["workload"] == label):
             color, marker = STYLES.get(p["trainer"].split(" ")[0], ("k", "o"))
-            answers = [(m / 2**30, planner.answer(p, m)["tokens"]) for m in sorted(p["memories"])]
+            answers = [(m, planner.answer(p, m)["tokens"]) for m in sorted(p["memories"])]
             answers = [(m, t) for m, t in answers if t]
-            ticks.update({m: options.size_text(round(m * 2**30)) for m, _ in answers})
+            ticks.update({m / 2**30: options.size_text(m) for m, _ in answers})
             if answers:
-                ax.plot(*zip(*answers), marker, ms=7, mfc="none", color=color, label=f"{p['trainer']}: nuvec-mlx-plan")
+                gib, tokens = [m / 2**30 for m, _ in answers], [t for _, t in answers]
+                ax.plot(gib, tokens, marker, ms=7, mfc="none", color=color, label=f"{p['trainer']}: nuvec-mlx-plan")
         ax.set_yscale("log", base=2)
         for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
             axis(FuncFormatter(lambda y, _: f"{y:,.0f}"))
