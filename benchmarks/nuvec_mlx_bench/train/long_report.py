@@ -279,7 +279,8 @@ def _panel(ax: Any, runs: list[dict], searches: list[dict], memory: list[int]) -
 def fits_plot(results: dict) -> Figure | None:
     """What fits: the longest length measured to fit against the memory, one panel per model and mode, one
     line per trainer (its searches' findings together: a merge's folders may each have searched some memories);
-    the planner's answers (``--plan-length``, ``--plan-only``) as open markers, also for memories not searched.
+    the planner's answers (``--plan-length``, ``--plan-only``) as open markers, also for memories not searched,
+    an open triangle where the answer is as far as the planner extrapolates (a lower bound).
     ``None`` before a search found a length or the planner answered."""
     searches = [s for s in results["searches"] if any(f["longest"] for f in findings(s))]
     plans = [p for p in results.get("plans", []) if "error" not in p]
@@ -298,12 +299,15 @@ def fits_plot(results: dict) -> Figure | None:
             ax.plot(gib, [f["longest"] for f in found], marker + "-", ms=4, color=color, label=trainer)
         for p in (p for p in plans if p["workload"] == label):
             color, marker = STYLES.get(p["trainer"].split(" ")[0], ("k", "o"))
-            answers = [(m, planner.answer(p, m)["tokens"]) for m in sorted(p["memories"])]
-            answers = [(m, t) for m, t in answers if t]
+            answers = [(m, planner.answer(p, m)) for m in sorted(p["memories"])]
+            answers = [(m, a) for m, a in answers if a["tokens"]]
             ticks.update({m / 2**30: options.size_text(m) for m, _ in answers})
-            if answers:
-                gib, tokens = [m / 2**30 for m, _ in answers], [t for _, t in answers]
-                ax.plot(gib, tokens, marker, ms=7, mfc="none", color=color, label=f"{p['trainer']}: nuvec-mlx-plan")
+            for least, shape, what in ((False, marker, ""), (True, "^", ", at least (past its reach)")):
+                drawn = [(m / 2**30, a["tokens"]) for m, a in answers if bool(a.get("at_reach")) == least]
+                if drawn:
+                    gib, tokens = zip(*drawn)
+                    label = f"{p['trainer']}: nuvec-mlx-plan{what}"
+                    ax.plot(gib, tokens, shape, ms=7, mfc="none", color=color, label=label)
         ax.set_yscale("log", base=2)
         for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
             axis(FuncFormatter(lambda y, _: f"{y:,.0f}"))
