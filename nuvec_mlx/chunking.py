@@ -54,6 +54,7 @@ __all__ = [
     "mlp_tokens",
     "norms",
     "projections",
+    "whole_up_to",
 ]
 
 #: A chunk setting: ``"auto"`` (sized by the rules here), a size in tokens, or ``None`` (never chunk).
@@ -112,6 +113,8 @@ HEAD_MIN_ROWS = 1024
 MLP_MIN_WORK = {"cpu": 1 << 26, "gpu": 1 << 37}
 #: Unfused attention's queries per chunk are at least this many (and at most 4 x the head size).
 ATTENTION_MIN = 64
+#: The longest sequence :func:`whole_up_to` considers.
+_LONGEST = 1 << 24
 
 
 def check(setting: object, name: str) -> Setting:
@@ -284,13 +287,30 @@ class _TokenWise:
     top_k: int = 1
 
     def __call__(self, module: nn.Module, x: mx.array) -> int | None:
+        return self.size(module, x.shape[0], x.shape[1], x.shape[-1])
+
+    def size(self, module: nn.Module, batch: int, tokens: int, hidden: int) -> int | None:
+        """The chunk for ``batch`` rows of ``tokens`` of ``hidden`` features, ``None`` for none."""
         if isinstance(self.setting, int):
             return self.setting
         backend = "cpu" if _attention.backend() == "cpu" else "gpu"
         if self.unfused_only and backend != "cpu":
             return None
-        batch, tokens, hidden = x.shape[0], x.shape[1], x.shape[-1]
         return mlp_tokens(tokens, hidden, _width(module, hidden, self.top_k), batch, self.blocks, backend)
+
+    def whole_up_to(self, module: nn.Module, batch: int, hidden: int) -> int:
+        """The longest sequence that leaves ``module`` whole where longer ones are cut (0: never cut). The
+        rules cut from some length on and for good (a chunk's least work is fixed, its share of the blocks'
+        inputs grows more slowly than the sequence), so that length is found by bisection."""
+        low, high = 1, _LONGEST  # whole at low; checked below at high
+        if (self.size(module, batch, high, hidden) or high) >= high:
+            return 0
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (
+                (middle, high) if (self.size(module, batch, middle, hidden) or middle) >= middle else (low, middle)
+            )
+        return low
 
 
 def _width(module: nn.Module, hidden: int, top_k: int = 1) -> int:
@@ -416,21 +436,69 @@ def chunk_layers(
     for block in blocks:
         for module in block.modules():
             changed += nv_nn.reroute(module, _routes(module, chunks, extra, len(blocks)) if enable else {})
-        # The MLP's output only joins the residual sum: its chunks are left out of the block's recomputation.
-        # The projections' and norms' outputs are read there (by attention, the MLP): each chunk a stage of its own.
-        parts = [
-            *((f, chunks.mlp, True, False) for f in feed_forwards(block)),
-            *((p, chunks.projections, False, False) for p in projections(block)),
-            *((n, chunks.norms, False, True) for n in norms(block)),
-        ]
-        for part, setting, lazy, unfused_only in parts:
-            rule = None
-            if enable and setting is not None:
-                rule = _TokenWise(setting, len(blocks), unfused_only, _top_k(part, block))
+        for part, rule, lazy in _token_wise(block, chunks, len(blocks)):
             before = type(part)
-            nv_nn.in_chunks(part, rule, enable=rule is not None, lazy_in_recompute=lazy)
+            nv_nn.in_chunks(part, rule if enable else None, enable=enable and rule is not None, lazy_in_recompute=lazy)
             changed += type(part) is not before
     return changed
+
+
+def whole_up_to(
+    model: nn.Module, hidden: int, chunks: Chunks | None = None, *, batch: int = 1, layers: Any = None
+) -> int:
+    """The longest sequence at which :func:`chunk_layers` leaves a module of the blocks whole that it cuts into
+    chunks at longer ones (an MLP, an attention projection, a norm), or 0 where it cuts every one from the
+    shortest sequence on or never.
+
+    Why: a module whole holds its intermediates for the whole sequence, in chunks for one chunk, so a step's
+    peak falls where the module starts to be cut and grows more slowly past it. A curve through peaks on both
+    sides of that length bends the wrong way and extrapolates short; past it, every module is cut and the peak
+    grows smoothly. ``nuvec-mlx-plan --longest`` measures past it. On a GPU the rules leave Llama-3.1-8B's
+    attention projections whole up to 8,192 tokens (:data:`MLP_MIN_WORK`).
+
+    Args:
+        model: the model, as :func:`chunk_layers` takes it.
+        hidden: the blocks' hidden size (their inputs' last dimension).
+        chunks: the settings; ``None`` for ``Chunks()``.
+        batch: the rows of a batch.
+        layers: the blocks, as :func:`nuvec_mlx.checkpoint_layers` takes them.
+
+    Returns:
+        The length in tokens, or 0.
+
+    Example:
+        >>> nv.chunking.whole_up_to(model, hidden=4096)  # Llama-3.1-8B on a GPU: its projections
+        8192
+    """
+    _validate.check_module(model, "model")
+    _check_sizes(hidden=hidden, batch=batch)
+    chunks = Chunks() if chunks is None else chunks
+    if not isinstance(chunks, Chunks):
+        raise TypeError(f"chunks must be an nv.Chunks or None, got {type(chunks).__name__}")
+    blocks = nv_nn.find_layers(model, layers)
+    found = (
+        rule.whole_up_to(part, batch, hidden)
+        for block in blocks
+        for part, rule, _ in _token_wise(block, chunks, len(blocks))
+        if rule is not None
+    )
+    return max(found, default=0)
+
+
+def _token_wise(block: nn.Module, chunks: Chunks, blocks: int) -> list[tuple[nn.Module, _TokenWise | None, bool]]:
+    """The modules of ``block`` that treat tokens independently, each with its rule (``None``: its setting is
+    off) and whether its chunks are left out of the block's recomputation (lazy). The MLP's output only joins the
+    residual sum: its chunks are left out. The projections' and norms' outputs are read there (by attention, the
+    MLP): each chunk a stage of its own."""
+    parts = [
+        *((f, chunks.mlp, True, False) for f in feed_forwards(block)),
+        *((p, chunks.projections, False, False) for p in projections(block)),
+        *((n, chunks.norms, False, True) for n in norms(block)),
+    ]
+    return [
+        (part, None if setting is None else _TokenWise(setting, blocks, unfused_only, _top_k(part, block)), lazy)
+        for part, setting, lazy, unfused_only in parts
+    ]
 
 
 def _routes(module: nn.Module, chunks: Chunks, extra: dict[str, Any], blocks: int) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from mlx_lm.tuner.trainer import default_loss
 
 import nuvec_mlx as nv
 from nuvec_mlx import _attention
+from nuvec_mlx_bench import testing
 from tests.helpers import assert_close, seeded_model
 
 VOCAB = 64
@@ -388,3 +389,22 @@ def test_auto_chunks_the_norms_where_mlx_computes_them_unfused_and_leaves_fused_
     for gpu in ("metal", "cuda"):
         monkeypatch.setattr(_attention, "backend", lambda gpu=gpu: gpu)
         assert gradients(MODELS["llama"](), None, 256, norms="auto")[2].count("chunk") == 0, gpu
+
+
+def test_whole_up_to_is_the_longest_length_the_rules_leave_a_module_whole(monkeypatch):
+    """Llama-3.1-8B's public configuration (built, never evaluated) on a GPU: its attention projections whole up
+    to 8,192 tokens (the least work of a chunk over 4,096 x 4,096), its MLP up to 2,341 (over 4,096 x 14,336),
+    its norms always (fused there); a chunk setting's own size; on the CPU, lower least work, shorter lengths."""
+    config = testing.public_config("llama-3.1-8b")
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    monkeypatch.setattr(_attention, "backend", lambda: "cuda")
+    assert nv.chunking.whole_up_to(model, 4096) == 8192
+    assert nv.chunking.whole_up_to(model, 4096, nv.Chunks(projections=None)) == 2341
+    assert nv.chunking.mlp_tokens(2341, 4096, 14336, blocks=32) is None
+    assert nv.chunking.mlp_tokens(2342, 4096, 14336, blocks=32) == 2341
+    assert nv.chunking.whole_up_to(model, 4096, nv.Chunks(projections=None, mlp=None)) == 0
+    assert nv.chunking.whole_up_to(model, 4096, nv.Chunks(projections=None, mlp=1000)) == 1000
+    monkeypatch.setattr(_attention, "backend", lambda: "cpu")
+    assert nv.chunking.whole_up_to(model, 4096) == 4  # 1 << 26 over 4,096 x 4,096: the norms' and projections'
+    with pytest.raises(TypeError, match="chunks must be an nv.Chunks or None"):
+        nv.chunking.whole_up_to(model, 4096, {"mlp": 1})

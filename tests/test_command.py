@@ -255,6 +255,47 @@ def test_longest_answers_the_length_that_fits_from_short_steps(folder, tmp_path,
     assert found["tokens"] == fit.solve(found["peaks"], 10_000_000, command.LENGTH_MULTIPLE)
 
 
+def test_longest_measures_past_the_length_where_the_chunk_rules_start_cutting_a_module(folder, tmp_path, capsys):
+    """The MLP whole up to 160 tokens and in chunks of 160 past them (projections and norms whole): a step's peak
+    falls where the MLP starts to be cut, so --longest measures three lengths past 160 where --max-seq-length
+    leaves room (256), and where it does not (192) measures as before and says the answer is likely short."""
+    argv = [
+        "--model",
+        folder,
+        "--batch-size",
+        "1",
+        "--mlp-chunk",
+        "160",
+        "--projection-chunk",
+        "0",
+        "--norm-chunk",
+        "0",
+    ]
+    argv += ["--budget", "10MB", "--longest", "--verify", "0"]
+    status, printed = plan(capsys, *argv, "--max-seq-length", 256, "--json", tmp_path / "past.json")
+    found = json.loads((tmp_path / "past.json").read_text())["longest"]
+    assert status == 0 and [size for size, _ in found["peaks"]] == [168, 208, 256] and found["whole_up_to"] == 160
+    assert "short, likely" not in printed
+    status, printed = plan(capsys, *argv, "--max-seq-length", 192, "--json", tmp_path / "across.json")
+    found = json.loads((tmp_path / "across.json").read_text())["longest"]
+    assert status == 0 and [size for size, _ in found["peaks"]] == [96, 144, 192] and found["tokens"] > 160
+    assert "whole up to 160 tokens and cut it past them" in printed and "--max-seq-length 336 measures past" in printed
+
+
+@pytest.mark.parametrize(
+    "tokens, whole, lengths",
+    [
+        (12288, 8192, [8200, 10240, 12288]),  # Llama-3.1-8B on a GPU, its projections whole up to 8,192
+        (8192, 8192, [4096, 6144, 8192]),  # none past it: as before
+        (9216, 8192, [4608, 6912, 9216]),  # less than a quarter past it: as before
+        (12288, 2341, [6144, 9216, 12288]),  # cut below every length measured
+        (12288, 0, [6144, 9216, 12288]),
+    ],
+)
+def test_longest_s_lengths_are_past_a_module_s_cut_where_a_quarter_of_the_longest_is(tokens, whole, lengths):
+    assert command._lengths(tokens, whole) == lengths
+
+
 @pytest.mark.parametrize("verify", [0, 1])
 def test_longest_says_its_answer_is_a_lower_bound_where_the_budget_outreaches_its_extrapolation(
     folder, tmp_path, capsys, verify

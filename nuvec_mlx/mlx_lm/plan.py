@@ -40,7 +40,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .. import _validate, policies
-from ..chunking import chunk_layers
+from ..chunking import Chunks, chunk_layers, whole_up_to
 from ..planner import Fit, Plan, largest_fit, plan, saved_activations
 from ..planner.fit import REACH, at_reach
 from ..step import TrainingStep
@@ -117,8 +117,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]:
             "--longest",
             action="store_true",
             help="nuvec: instead of a plan, the longest sequence at --batch-size whose step fits --budget, every "
-            "block checkpointed: measured at a half, three quarters and all of --max-seq-length, extrapolated, "
-            "and measured at the answer (--verify)",
+            "block checkpointed: measured at a half, three quarters and all of --max-seq-length (or at three "
+            "lengths past where the chunk rules start cutting a module), extrapolated, and measured at the answer "
+            "(--verify)",
         ),
         parser.add_argument(
             "--verify",
@@ -246,7 +247,7 @@ class _Planning:
         # As nuvec-mlx-lora trains it (recurrences routed too); the plan checkpoints the blocks.
         chunk_layers(model, chunks, routes=recurrences.routes(chunks.scan))
         if command.longest:
-            print(self._longest(step, batch, source))
+            print(self._longest(step, batch, source, _whole_up_to(model, chunks, batch[0].shape[0])))
             return
         found = plan(step, batch, self.budget, policies=self.chosen)
         lines = _summary(found, f"batch {rows} x {tokens} tokens: {source}")
@@ -269,14 +270,15 @@ class _Planning:
             print("\nSaved activations per block (uncompiled graph; see nuvec_mlx.planner.saved):\n" + str(report))
             self.result["saved_activations"] = report.to_dict()
 
-    def _longest(self, step: TrainingStep, batch: tuple[mx.array, mx.array], source: str) -> str:
-        """The longest sequence at the batch's rows that fits, every block checkpointed: peaks measured at a
-        half, three quarters and all of the batch's tokens, a parabola through them solved for the budget,
-        then ``--verify`` measurements that narrow it (:func:`nuvec_mlx.largest_fit`). The chunk rules often make
-        the peak grow more slowly at longer lengths, so the extrapolation errs short, but not always (see
-        docs/planning.md): ``--verify`` runs the answer before giving it."""
+    def _longest(self, step: TrainingStep, batch: tuple[mx.array, mx.array], source: str, whole: int) -> str:
+        """The longest sequence at the batch's rows that fits, every block checkpointed: peaks measured at
+        three lengths up to the batch's tokens (:func:`_lengths`), a parabola through them solved for the
+        budget, then ``--verify`` measurements that narrow it (:func:`nuvec_mlx.largest_fit`). The chunk rules
+        often make the peak grow more slowly at longer lengths, so the extrapolation errs short, but not always
+        (see docs/planning.md): ``--verify`` runs the answer before giving it. ``whole``: the longest length
+        at which the chunk rules leave a module of the blocks whole (:func:`nuvec_mlx.chunking.whole_up_to`)."""
         rows, tokens = batch[0].shape
-        sizes = sorted({max(8, tokens // 2 // 8 * 8), max(16, tokens * 3 // 4 // 8 * 8), max(24, tokens)})
+        sizes = _lengths(tokens, whole)
         make = functools.partial(_tokens_of, batch)
         tries = self.command.verify
         fit = largest_fit(step, make, self.budget, sizes=sizes, multiple=LENGTH_MULTIPLE, tolerance=0.05, tries=tries)
@@ -285,12 +287,15 @@ class _Planning:
         answer = fit.size if verified or self.command.verify else fit.predicted
         # Nothing measured failed and the curve fits the budget as far as it is read: longer may fit too.
         reached = fit.below is None and fit.size > 0 and at_reach(answer, max(sizes), LENGTH_MULTIPLE)
+        # The peak falls where a module starts to be cut: measured below that length only, the answer errs short.
+        short = min(sizes) <= whole < answer
         self.result["longest"] = {
             **dataclasses.asdict(fit),
             "tokens": answer,
             "verified": verified,
             "at_reach": reached,
             "rows": rows,
+            "whole_up_to": whole,
         }
         if reached:
             how = (
@@ -311,10 +316,14 @@ class _Planning:
             )
         else:
             how = "extrapolated, not run at that length"
+        cut = (
+            f"\n  short, likely: the chunk rules leave a module of the blocks whole up to {whole} tokens and cut it "
+            f"past them, where the peak grows more slowly; --max-seq-length {2 * (whole // 8 + 1) * 8} measures past it"
+        )
         return (
             f"longest sequence that fits {peak_text(self.budget)} at batch {rows}: {answer} tokens ({how}; "
             f"first extrapolation {fit.predicted})\n  every block checkpointed, chunks as nuvec-mlx-lora's; "
-            f"peaks measured on {source} (tokens: peak): {measured}"
+            f"peaks measured on {source} (tokens: peak): {measured}" + (cut if short else "")
         )
 
     def _search(self, step: TrainingStep, batch: tuple[mx.array, mx.array], dimension: str, fits: bool) -> str:
@@ -411,6 +420,31 @@ def _modes(modes: list[str]) -> str:
             runs.append([i, i, mode])
     parts = [f"{a}-{b} {m}" if a != b else f"{a} {m}" for a, b, m in runs]
     return f"blocks {', '.join(parts)} (of {len(modes)})"
+
+
+def _lengths(tokens: int, whole: int) -> list[int]:
+    """The three lengths ``--longest`` measures: a half, three quarters and all of ``tokens``; where the chunk
+    rules leave a module whole up to ``whole`` tokens among them and cut it past (the peak falls there, and a
+    curve across it bends the wrong way), three lengths past ``whole`` instead, if a quarter of ``tokens`` is.
+    Multiples of :data:`LENGTH_MULTIPLE`.
+
+    Example:
+        >>> _lengths(12288, whole=8192)  # Llama-3.1-8B on a GPU: its projections whole up to 8,192 tokens
+        [8200, 10240, 12288]
+    """
+    step = LENGTH_MULTIPLE
+    sizes = sorted({max(step, tokens // 2 // step * step), max(2 * step, tokens * 3 // 4 // step * step)})
+    low = (whole // step + 1) * step
+    if sizes[0] <= whole and tokens - whole >= tokens // 4 and low + 2 * step <= tokens:
+        sizes = [low, (low + tokens) // 2 // step * step]
+    return sorted({*sizes, max(3 * step, tokens)})
+
+
+def _whole_up_to(model: nn.Module, chunks: Chunks, rows: int) -> int:
+    """:func:`nuvec_mlx.chunking.whole_up_to` for an mlx-lm model (its ``args.hidden_size``), 0 for a model
+    whose arguments do not say its hidden size."""
+    hidden = getattr(getattr(model, "args", None), "hidden_size", None)
+    return whole_up_to(model, hidden, chunks, batch=rows) if isinstance(hidden, int) else 0
 
 
 def _rows_of(batch: tuple[mx.array, mx.array], n: int) -> tuple[mx.array, mx.array]:

@@ -215,7 +215,8 @@ def notes(results: dict, args: argparse.Namespace) -> list[str]:
             "- nuvec-mlx-plan --longest: the command on the same model folder (a tiny tokenizer added), in a process "
             "of its own, `--budget` the largest memory searched, `--num-layers -1`, LoRA as the runs, nuvec's settings "
             f"as its flags, `--max-seq-length {args.plan_length} --verify 0`: its step's peak in all measured at a "
-            "half, three quarters and all of that length, a parabola through them solved for each memory (once run, "
+            "half, three quarters and all of that length (or three lengths past where the chunk rules start cutting a "
+            "module), a parabola through them solved for each memory (once run, "
             "as the command solves it for its budget; its time is that one run's); nothing run at its answer"
         )
     for m in results.get("models", []):

@@ -44,9 +44,9 @@ def plans(trainer: Trainer) -> bool:
 
 def arguments(w: TrainWorkload, trainer: Trainer, folder: Path, memory: int, length: int, config: Path) -> list[str]:
     """``nuvec-mlx-plan``'s command line for ``w`` and ``trainer`` in ``folder``: the longest sequence at
-    ``w.batch`` rows that fits ``memory`` bytes, measured at a half, three quarters and all of ``length``
-    tokens, extrapolated (``--verify 0``); LoRA as the runs set it (``config``: its parameters, on every
-    block)."""
+    ``w.batch`` rows that fits ``memory`` bytes, measured at three lengths up to ``length`` tokens (a half,
+    three quarters and all, or past where the chunk rules start cutting a module), extrapolated
+    (``--verify 0``); LoRA as the runs set it (``config``: its parameters, on every block)."""
     argv = ["--model", str(folder), "-c", str(config), "--batch-size", str(w.batch), "--num-layers", "-1"]
     argv += ["--fine-tune-type", "full" if w.mode == "full" else "lora", "--max-seq-length", str(length)]
     argv += ["--budget", f"{memory}B", "--longest", "--verify", "0"]
