@@ -254,6 +254,21 @@ class Chunks:
             check(getattr(self, field.name), field.name)
 
     @classmethod
+    def of(cls, chunks: object) -> Chunks:
+        """``chunks`` as a function's ``chunks`` argument takes it: ``None`` for ``Chunks()`` (every part
+        ``"auto"``), else an instance, checked (``TypeError`` for anything else).
+
+        Example:
+            >>> Chunks.of(None) == Chunks()
+            True
+        """
+        if chunks is None:
+            return cls()
+        if not isinstance(chunks, cls):
+            raise TypeError(f"chunks must be an nv.Chunks or None, got {type(chunks).__name__}")
+        return chunks
+
+    @classmethod
     def from_settings(cls, **settings: object) -> Chunks:
         """Chunks from settings as a command line or a config file gives them: ``0`` is ``None`` (off),
         an absent or ``None`` setting the default.
@@ -426,9 +441,7 @@ def chunk_layers(
         >>> nv.chunk_layers(model, nv.Chunks(mlp=1024))   # the MLP in chunks of 1024 tokens
     """
     _validate.check_module(model, "model")
-    chunks = Chunks() if chunks is None else chunks
-    if not isinstance(chunks, Chunks):
-        raise TypeError(f"chunks must be an nv.Chunks or None, got {type(chunks).__name__}")
+    chunks = Chunks.of(chunks)
     _validate.check_bool(enable, "enable")
     extra = dict(routes or {})
     blocks = nv_nn.find_layers(model, layers)
@@ -472,9 +485,7 @@ def whole_up_to(
     """
     _validate.check_module(model, "model")
     _check_sizes(hidden=hidden, batch=batch)
-    chunks = Chunks() if chunks is None else chunks
-    if not isinstance(chunks, Chunks):
-        raise TypeError(f"chunks must be an nv.Chunks or None, got {type(chunks).__name__}")
+    chunks = Chunks.of(chunks)
     blocks = nv_nn.find_layers(model, layers)
     found = (
         rule.whole_up_to(part, batch, hidden)

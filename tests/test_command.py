@@ -259,19 +259,8 @@ def test_longest_measures_past_the_length_where_the_chunk_rules_start_cutting_a_
     """The MLP whole up to 160 tokens and in chunks of 160 past them (projections and norms whole): a step's peak
     falls where the MLP starts to be cut, so --longest measures three lengths past 160 where --max-seq-length
     leaves room (256), and where it does not (192) measures as before and says the answer is likely short."""
-    argv = [
-        "--model",
-        folder,
-        "--batch-size",
-        "1",
-        "--mlp-chunk",
-        "160",
-        "--projection-chunk",
-        "0",
-        "--norm-chunk",
-        "0",
-    ]
-    argv += ["--budget", "10MB", "--longest", "--verify", "0"]
+    argv = ["--model", folder, "--batch-size", "1", "--budget", "10MB", "--longest", "--verify", "0"]
+    argv += ["--mlp-chunk", "160", "--projection-chunk", "0", "--norm-chunk", "0"]
     status, printed = plan(capsys, *argv, "--max-seq-length", 256, "--json", tmp_path / "past.json")
     found = json.loads((tmp_path / "past.json").read_text())["longest"]
     assert status == 0 and [size for size, _ in found["peaks"]] == [168, 208, 256] and found["whole_up_to"] == 160

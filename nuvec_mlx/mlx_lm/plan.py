@@ -318,7 +318,7 @@ class _Planning:
             how = "extrapolated, not run at that length"
         cut = (
             f"\n  short, likely: the chunk rules leave a module of the blocks whole up to {whole} tokens and cut it "
-            f"past them, where the peak grows more slowly; --max-seq-length {2 * (whole // 8 + 1) * 8} measures past it"
+            f"past them, where the peak grows more slowly; --max-seq-length {2 * _past(whole)} measures past it"
         )
         return (
             f"longest sequence that fits {peak_text(self.budget)} at batch {rows}: {answer} tokens ({how}; "
@@ -434,10 +434,15 @@ def _lengths(tokens: int, whole: int) -> list[int]:
     """
     step = LENGTH_MULTIPLE
     sizes = sorted({max(step, tokens // 2 // step * step), max(2 * step, tokens * 3 // 4 // step * step)})
-    low = (whole // step + 1) * step
+    low = _past(whole)
     if sizes[0] <= whole and tokens - whole >= tokens // 4 and low + 2 * step <= tokens:
         sizes = [low, (low + tokens) // 2 // step * step]
     return sorted({*sizes, max(3 * step, tokens)})
+
+
+def _past(whole: int) -> int:
+    """The shortest length past ``whole`` tokens that is a multiple of :data:`LENGTH_MULTIPLE`."""
+    return (whole // LENGTH_MULTIPLE + 1) * LENGTH_MULTIPLE
 
 
 def _whole_up_to(model: nn.Module, chunks: Chunks, rows: int) -> int:

@@ -172,9 +172,7 @@ def train(
             f"got {type(training_callback).__name__}"
         )
     _validate.check_int(args.grad_accumulation_steps, "grad_accumulation_steps", minimum=1)
-    chunks = Chunks() if chunks is None else chunks
-    if not isinstance(chunks, Chunks):
-        raise TypeError(f"chunks must be an nv.Chunks or None, got {type(chunks).__name__}")
+    chunks = Chunks.of(chunks)
     if args.grad_checkpoint and loss is default_loss:
         loss = loss_for(chunks.head)
     step = TrainingStep(model, loss, optimizer, ahead=ahead, accumulate=args.grad_accumulation_steps)
